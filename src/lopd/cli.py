@@ -1,0 +1,189 @@
+"""The `lopd` command line.
+
+    lopd train --config configs/grpo.yaml train.max_rollouts=256 model.lora.r=8
+    lopd train runs/grpo_toolworld_seed0              resume a run from its directory
+    lopd eval --run runs/grpo_toolworld_seed0         evaluate a run's latest checkpoint
+    lopd eval --model tiny --split test transfer      evaluate any model
+    lopd demo                                         the showcase on the bundled task and policy
+
+Config keys are listed by `lopd train --help`. Errors in configs, data or model paths end in one line
+that names the file, line or key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from lopd.config import LopdConfig, describe, load_config
+from lopd.errors import ConfigError, LopdError
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+def config_path(name: str | None) -> Path | None:
+    """A config file path, or the name of a bundled one ('grpo' -> lopd/configs/grpo.yaml)."""
+    if name is None:
+        return None
+    path = Path(name)
+    if path.is_file() or path.suffix in (".yaml", ".yml"):
+        return path
+    bundled = CONFIG_DIR / f"{name}.yaml"
+    if bundled.is_file():
+        return bundled
+    choices = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+    raise ConfigError(f"--config: '{name}' is neither a file nor a bundled config ({choices})")
+
+
+def split_args(items: list[str]) -> tuple[str | None, list[str]]:
+    """Positional arguments: at most one run directory, then key=value overrides."""
+    run_dirs = [i for i in items if "=" not in i]
+    if len(run_dirs) > 1:
+        raise ConfigError(f"command line: expected at most one run directory, got {', '.join(run_dirs)} "
+                          f"(overrides must look like key=value)")
+    return (run_dirs[0] if run_dirs else None), [i for i in items if "=" in i]
+
+
+def resolve_train_config(config: str | None, positional: list[str]) -> LopdConfig:
+    from lopd.runs import RunDir
+
+    run_dir, overrides = split_args(positional)
+    if run_dir is not None:
+        run = RunDir(run_dir)
+        if not run.exists():
+            raise ConfigError(f"{run_dir}: not a run directory (no config.yaml); start one with --config")
+        if config is not None:
+            raise ConfigError("give either a run directory to resume or --config to start, not both")
+        return load_config(run.config_path, overrides + [f"run.dir={run_dir}"])
+    cfg = load_config(config_path(config), overrides)
+    from lopd.train import run_dir_for
+
+    run = RunDir(run_dir_for(cfg))
+    if run.exists():  # the run exists: resume it under its own saved config, new overrides on top
+        return load_config(run.config_path, overrides + [f"run.dir={run.path}"])
+    return cfg
+
+
+def cmd_train(args) -> int:
+    from lopd.train import train
+
+    cfg = resolve_train_config(args.config, args.args)
+    path = train(cfg)
+    print(f"run directory: {path}\nreport: {path / 'report.md'}\ncurves: {path / 'curves.png'}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    import torch
+
+    from lopd.envs import build_env
+    from lopd.evaluate import category_table, evaluate
+    from lopd.models import load_policy, load_weights
+    from lopd.runs import RunDir
+    from lopd.train import pick_device
+
+    run = None
+    if args.run:
+        run = RunDir(args.run)
+        if not run.exists():
+            raise ConfigError(f"{args.run}: not a run directory (no config.yaml)")
+        cfg = load_config(run.config_path, args.overrides)
+    else:
+        cfg = load_config(config_path(args.config), args.overrides + ([f"model.name={args.model}"] if args.model else []))
+    device = pick_device(cfg.train.device)
+    model, tokenizer = load_policy(cfg.model, device)
+    checkpoint = "initial weights"
+    if run is not None and (ckpt := run.latest_checkpoint()) is not None:
+        load_weights(model, ckpt / "model")
+        checkpoint = str(ckpt)
+    env = build_env(cfg.env)
+    splits = args.split or list(cfg.env.eval_splits)
+    torch.manual_seed(cfg.train.seed)
+    results = [evaluate(model, tokenizer, env, s, max_tasks=cfg.eval.max_tasks, temperature=cfg.eval.temperature,
+                        max_new_tokens=cfg.rollout.max_new_tokens, batch_size=cfg.eval.batch_size, seed=cfg.train.seed)
+               for s in splits]
+    print(f"model: {cfg.model.name} ({checkpoint}); env: {cfg.env.name}; decoding: "
+          f"{'greedy' if cfg.eval.temperature <= 0 else f'temperature {cfg.eval.temperature}'}")
+    print(category_table(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps({r.split: {"n": r.n, "success": r.success, "reward": r.reward,
+                                                         "per_category": r.per_category} for r in results}, indent=1))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    import shutil
+
+    from lopd.report import success_table
+    from lopd.runs import RunDir
+    from lopd.train import train
+
+    out = Path(args.out)
+    if args.fresh and out.exists():
+        shutil.rmtree(out)
+    cfg = load_config(CONFIG_DIR / "demo.yaml", args.overrides + [f"run.dir={out}"])
+    if RunDir(out).exists():
+        cfg = load_config(RunDir(out).config_path, args.overrides + [f"run.dir={out}"])
+    print(f"lopd demo: {cfg.algorithm.name} on {cfg.env.name} with the '{cfg.model.name}' policy, "
+          f"{cfg.train.max_rollouts} rollouts -> {out}")
+    path = train(cfg)
+    print(success_table(RunDir(path).read_metrics()))
+    print(f"\nreport: {path / 'report.md'}\ncurves: {path / 'curves.png'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    keys = "\n".join(f"  {k:<36} {default:<12} {text}" for k, default, text in describe())
+    parser = argparse.ArgumentParser(prog="lopd", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,demo}")
+
+    p = sub.add_parser("train", help="train a policy (or resume a run directory)",
+                       description="Train a policy with the configured algorithm, or resume a run directory. "
+                                   "Positional arguments: an optional run directory, then key=value overrides.",
+                       epilog="config keys (key, default, meaning):\n" + keys,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="YAML config file, or the name of a bundled one (grpo, demo, ...)")
+    p.add_argument("args", nargs="*", metavar="RUN_DIR|key=value")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="evaluate a run's latest checkpoint or any model on held-out splits",
+                       description="Evaluate the student alone (no context) on an env's splits; prints a "
+                                   "per-category table of success (%%).",
+                       epilog="config keys (key, default, meaning):\n" + keys,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--run", help="run directory: its config and latest checkpoint")
+    src.add_argument("--model", help="model name or folder (tiny, smollm2-135m, PATH)")
+    p.add_argument("--config", help="YAML config (env, decoding) when not using --run")
+    p.add_argument("--split", nargs="+", help="splits to evaluate (default: env.eval_splits)")
+    p.add_argument("--json", help="also write the results to this JSON file")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("demo", help="train on the bundled task with the bundled policy and report",
+                       description="The showcase: trains the bundled tiny policy on ToolWorld under the demo "
+                                   "budget, writes runs/demo (config, metrics, TensorBoard, report.md, curves.png) "
+                                   "and prints held-out success against rollouts. Re-running resumes or just "
+                                   "re-prints a finished demo.")
+    p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")
+    p.add_argument("--fresh", action="store_true", help="delete the run directory first")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except LopdError as e:
+        print(f"lopd: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""One tree of dataclasses for every run: YAML files and dotted command-line overrides.
+
+    lopd train --config configs/grpo.yaml train.max_rollouts=256 model.lora.r=8
+
+Built on OmegaConf structured configs, which type-check every value against these dataclasses. Our part
+is only the error messages: an unknown key names the valid keys next to it, a wrong value names the
+expected type or choices, and a key that came from a YAML file names the file and line.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from lopd.envs.toolworld import ToolWorldConfig
+from lopd.errors import ConfigError
+
+
+def _help(text: str, default: Any = None, factory: Any = None):
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": text})
+    return field(default=default, metadata={"help": text})
+
+
+class DType(str, enum.Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class Aggregation(str, enum.Enum):
+    token = "token"  # mean over every completion token of the batch (DAPO)
+    sequence = "sequence"  # mean over tokens of a sequence, then over sequences (GRPO paper)
+
+
+class KLEstimator(str, enum.Enum):
+    k2 = "k2"  # 0.5 (log p - log q)^2 on sampled tokens: its gradient is the reverse-KL gradient
+    k3 = "k3"  # exp(q-p) - (q-p) - 1: an unbiased KL *value*, but its gradient is forward KL's
+    full = "full"  # exact KL over the vocabulary at every position
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = _help("train a LoRA adapter instead of all weights", False)
+    r: int = _help("LoRA rank", 8)
+    alpha: int = _help("LoRA scaling numerator (scale = alpha / r)", 16)
+    dropout: float = _help("dropout on the LoRA input", 0.0)
+    target_modules: list[str] = _help("module names that get adapters", factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+
+
+@dataclass
+class ModelConfig:
+    name: str = _help("'tiny' (bundled), 'smollm2-135m', or a Hugging Face model folder", "tiny")
+    dtype: DType = _help("weights dtype", DType.float32)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class EnvConfig:
+    name: str = _help("task environment", "toolworld")
+    train_split: str = _help("split the policy trains on", "train")
+    eval_splits: list[str] = _help("held-out splits evaluated during training", factory=lambda: ["test", "transfer"])
+    toolworld: ToolWorldConfig = field(default_factory=ToolWorldConfig)
+
+
+@dataclass
+class RolloutConfig:
+    tasks_per_step: int = _help("tasks sampled per training step", 16)
+    group_size: int = _help("trajectories sampled per task (G)", 8)
+    temperature: float = _help("sampling temperature (also used when re-scoring for the loss)", 1.0)
+    top_p: float = _help("nucleus sampling threshold (1 = off)", 1.0)
+    max_new_tokens: int = _help("longest completion", 64)
+    batch_size: int = _help("sequences generated at once", 128)
+
+
+@dataclass
+class PolicyGradientConfig:
+    clip_low: float = _help("PPO clip: ratio lower bound is 1 - clip_low", 0.2)
+    clip_high: float = _help("PPO clip: ratio upper bound is 1 + clip_high", 0.2)
+    normalize_std: bool = _help("divide group advantages by the group std (GRPO); off = Dr. GRPO", True)
+    kl_coef: float = _help("weight of KL(policy || reference); 0 = off", 0.0)
+    kl_estimator: KLEstimator = _help("estimator of the reference KL", KLEstimator.k2)
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = _help("training algorithm", "grpo")
+    aggregation: Aggregation = _help("how per-token losses become one number", Aggregation.token)
+    pg: PolicyGradientConfig = field(default_factory=PolicyGradientConfig)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = _help("learning rate of the policy", 1e-4)
+    weight_decay: float = _help("AdamW weight decay", 0.0)
+    beta1: float = _help("AdamW beta1", 0.9)
+    beta2: float = _help("AdamW beta2", 0.99)
+    grad_clip: float = _help("clip the gradient norm to this (0 = off)", 1.0)
+    warmup_steps: int = _help("linear learning-rate warm-up steps", 0)
+
+
+@dataclass
+class TrainConfig:
+    max_rollouts: int = _help("rollout budget: sampled trajectories in the whole run", 4096)
+    epochs_per_batch: int = _help("passes over each rollout batch (>1 makes the PPO clip matter)", 1)
+    minibatches: int = _help("optimizer steps per pass over a batch", 1)
+    micro_batch_size: int = _help("sequences per forward/backward (gradient accumulation)", 64)
+    seed: int = _help("seeds sampling, initialisation and task order", 0)
+    device: str = _help("'auto', 'cpu', 'cuda' or 'cuda:N'", "auto")
+    threads: int = _help("torch CPU threads (0 = torch's default)", 0)
+
+
+@dataclass
+class EvalConfig:
+    every_rollouts: int = _help("evaluate the held-out splits every this many rollouts (0 = only at start and end)", 1024)
+    max_tasks: int = _help("tasks per split (0 = all)", 200)
+    temperature: float = _help("0 = greedy decoding", 0.0)
+    batch_size: int = _help("prompts decoded at once", 128)
+
+
+@dataclass
+class RunConfig:
+    dir: str = _help("run directory; empty = runs/<algorithm>_<env>_seed<seed>", "")
+    checkpoint_every: int = _help("save a checkpoint every this many steps (the last step is always saved)", 10)
+    keep_checkpoints: int = _help("checkpoints kept on disk", 2)
+    tensorboard: bool = _help("write TensorBoard event files", True)
+    progress: bool = _help("show a progress bar", True)
+
+
+@dataclass
+class LopdConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+# ------------------------------------------------------------------------------- loading
+
+
+def _valid_keys(node_type: type, path: list[str]) -> tuple[str, list[str]]:
+    """The dataclass reached by following `path` as far as it goes, and its keys."""
+    cls, walked = node_type, []
+    for part in path:
+        sub = next((f for f in fields(cls) if f.name == part), None)
+        if sub is None or not is_dataclass(sub.type if isinstance(sub.type, type) else _resolve(cls, sub)):
+            break
+        cls, walked = _resolve(cls, sub), walked + [part]
+    return ".".join(walked), [f.name for f in fields(cls)]
+
+
+def _resolve(cls: type, f) -> Any:
+    import typing
+
+    return typing.get_type_hints(cls)[f.name]
+
+
+def _yaml_line(path: Path, dotted: str) -> int | None:
+    """Line of `dotted` in a YAML file (1-based), found by walking the composed node tree."""
+    try:
+        node = yaml.compose(path.read_text())
+    except yaml.YAMLError:
+        return None
+    for part in dotted.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        match = next(((k, v) for k, v in node.value if k.value == part), None)
+        if match is None:
+            return None
+        key, node = match
+    return key.start_mark.line + 1
+
+
+def _explain(e: OmegaConfBaseException, source: str, yaml_path: Path | None = None) -> ConfigError:
+    key = getattr(e, "full_key", None) or ""
+    where = source
+    if yaml_path is not None and key and (line := _yaml_line(yaml_path, key)):
+        where = f"{yaml_path}:{line}"
+    if isinstance(e, ConfigKeyError) or "not in" in str(e):
+        parent, valid = _valid_keys(LopdConfig, key.split(".")[:-1])
+        return ConfigError(f"{where}: unknown config key '{key}'; valid keys under "
+                           f"'{parent or '<root>'}': {', '.join(valid)}")
+    message = str(e).splitlines()[0]
+    if isinstance(e, ValidationError):
+        return ConfigError(f"{where}: bad value for '{key}': {message}")
+    return ConfigError(f"{where}: {message}" + (f" (key '{key}')" if key else ""))
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> LopdConfig:
+    """Defaults <- YAML file <- dotted overrides, type-checked; returns the typed dataclass tree."""
+    cfg = OmegaConf.structured(LopdConfig)
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such config file")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            line = f":{mark.line + 1}" if mark else ""
+            raise ConfigError(f"{path}{line}: not valid YAML ({getattr(e, 'problem', e)})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: a config file must be a mapping of sections, got {type(data).__name__}")
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.create(data))
+        except OmegaConfBaseException as e:
+            raise _explain(e, str(path), path) from None
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"command line: override '{item}' is not of the form key=value")
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
+        except OmegaConfBaseException as e:
+            raise _explain(e, f"command line '{item}'") from None
+    try:
+        return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+    except OmegaConfBaseException as e:
+        raise _explain(e, "config") from None
+
+
+def to_yaml(cfg: LopdConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_dict(cfg: LopdConfig) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)  # type: ignore[return-value]
+
+
+def describe(cls: type = LopdConfig, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, help) for every leaf: what `lopd train --help` lists."""
+    import typing
+
+    rows = []
+    hints = typing.get_type_hints(cls)
+    instance = cls()
+    for f in fields(cls):
+        value = getattr(instance, f.name)
+        if is_dataclass(hints[f.name]):
+            rows += describe(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            shown = value.value if isinstance(value, enum.Enum) else value
+            choices = hints[f.name]
+            help_text = f.metadata.get("help", "")
+            if isinstance(choices, type) and issubclass(choices, enum.Enum):
+                help_text += f" [{'|'.join(c.value for c in choices)}]"
+            rows.append((prefix + f.name, repr(shown), help_text))
+    return rows

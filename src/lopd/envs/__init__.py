@@ -1,0 +1,19 @@
+"""Task environments by name."""
+
+from __future__ import annotations
+
+from lopd.envs.base import DataError, Env, Score, Task
+from lopd.envs.toolworld import ToolWorld
+from lopd.errors import ConfigError
+
+ENVS = {"toolworld": lambda cfg: ToolWorld(cfg.toolworld)}
+
+
+def build_env(cfg) -> Env:
+    """An env from an `EnvConfig`."""
+    if cfg.name not in ENVS:
+        raise ConfigError(f"env.name: '{cfg.name}' is not one of {', '.join(sorted(ENVS))}")
+    return ENVS[cfg.name](cfg)
+
+
+__all__ = ["DataError", "ENVS", "Env", "Score", "Task", "build_env"]

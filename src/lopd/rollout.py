@@ -1,0 +1,158 @@
+"""Batched sampling with a KV cache: prompts in, completions with their per-token log-probs out.
+
+`sample` left-pads prompts, decodes with Hugging Face `generate` (KV cache, temperature, top-p, EOS),
+and returns right-padded completions whose mask covers every generated token up to and including
+the first EOS. The sampler's log-probs are log softmax(logits / temperature) at the sampled tokens,
+the untruncated distribution, which is exactly what `tokens.completion_logprobs` recomputes at the
+same temperature, so the importance ratio of an un-updated policy is 1.
+
+`rollout` samples G completions per task, scores them with the env, and returns a `RolloutBatch`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from lopd.envs.base import Env, Task
+from lopd.prompts import encode_prompt
+
+
+@dataclass
+class Samples:
+    prompt_ids: torch.Tensor  # [B, P] left-padded
+    prompt_mask: torch.Tensor  # [B, P]
+    completion_ids: torch.Tensor  # [B, C] right-padded
+    completion_mask: torch.Tensor  # [B, C] generated tokens up to and including EOS
+    sampler_logprobs: torch.Tensor  # [B, C] log pi(y_t | prefix) at the sampling temperature; 0 on pads
+    texts: list[str]
+    truncated: torch.Tensor  # [B] bool: stopped by max_new_tokens, not by EOS
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.completion_mask.sum())
+
+
+@dataclass
+class RolloutBatch(Samples):
+    tasks: list[Task] = field(default_factory=list)  # [B] the task of each trajectory
+    group: torch.Tensor = None  # [B] group id: trajectories of one task share it
+    rewards: torch.Tensor = None  # [B]
+    success: torch.Tensor = None  # [B] bool
+    feedback: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def trimmed(self) -> "RolloutBatch":
+        """Drop prompt columns that are padding in every row, and completion columns after every EOS."""
+        first = int(self.prompt_mask.any(0).long().argmax()) if self.prompt_mask.any() else 0
+        last = int(self.completion_mask.sum(-1).max()) if len(self) else 0
+        out = RolloutBatch(**{k: getattr(self, k) for k in self.__dataclass_fields__})
+        out.prompt_ids, out.prompt_mask = self.prompt_ids[:, first:], self.prompt_mask[:, first:]
+        out.completion_ids, out.completion_mask = self.completion_ids[:, :last], self.completion_mask[:, :last]
+        out.sampler_logprobs = self.sampler_logprobs[:, :last]
+        return out
+
+    def select(self, index: torch.Tensor) -> "RolloutBatch":
+        """The trajectories at `index` (a minibatch), every field sliced alike."""
+        idx = index.tolist()
+        return RolloutBatch(
+            prompt_ids=self.prompt_ids[index], prompt_mask=self.prompt_mask[index],
+            completion_ids=self.completion_ids[index], completion_mask=self.completion_mask[index],
+            sampler_logprobs=self.sampler_logprobs[index], texts=[self.texts[i] for i in idx],
+            truncated=self.truncated[index], tasks=[self.tasks[i] for i in idx], group=self.group[index],
+            rewards=self.rewards[index], success=self.success[index], feedback=[self.feedback[i] for i in idx])
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if len(s):
+            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+def _eos_ids(tokenizer, model) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
+        eos.append(tokenizer.eos_token_id)
+    return eos
+
+
+@torch.no_grad()
+def sample(model, tokenizer, prompts: Sequence[Sequence[int]], *, temperature: float = 1.0, top_p: float = 1.0,
+           max_new_tokens: int = 64, batch_size: int = 128) -> Samples:
+    """Decode a completion for every prompt (token ids). temperature 0 = greedy."""
+    device = next(model.parameters()).device
+    eos = _eos_ids(tokenizer, model)
+    pad = tokenizer.pad_token_id
+    chunks: list[Samples] = []
+    was_training = model.training
+    model.eval()
+    for start in range(0, len(prompts), batch_size):
+        ids, mask = left_pad(prompts[start:start + batch_size], pad)
+        ids, mask = ids.to(device), mask.to(device)
+        greedy = temperature <= 0
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=not greedy,
+            temperature=None if greedy else temperature, top_p=None if greedy or top_p >= 1 else top_p, top_k=None,
+            eos_token_id=eos, pad_token_id=pad, output_logits=True, return_dict_in_generate=True)
+        completion = out.sequences[:, ids.shape[1]:]  # [b, C]
+        scale = 1.0 if greedy else temperature
+        chosen = torch.stack([  # step by step, never a [b, C, V] tensor: [b, C]
+            torch.log_softmax(step.float() / scale, dim=-1).gather(-1, completion[:, t, None]).squeeze(-1)
+            for t, step in enumerate(out.logits)], dim=1)
+        is_eos = torch.isin(completion, torch.tensor(eos, device=device))
+        seen_eos_before = (is_eos.cumsum(-1) - is_eos.long()) > 0  # [b, C] an EOS occurred strictly earlier
+        cmask = (~seen_eos_before).long()
+        truncated = ~is_eos.any(-1)
+        texts = [tokenizer.decode(row[m.bool()], skip_special_tokens=True) for row, m in zip(completion, cmask)]
+        chunks.append(Samples(ids.cpu(), mask.cpu(), completion.cpu(), cmask.cpu(), (chosen * cmask).cpu(), texts,
+                              truncated.cpu()))
+    model.train(was_training)
+    return _concat(chunks, pad)
+
+
+def _concat(chunks: list[Samples], pad: int) -> Samples:
+    P = max(c.prompt_ids.shape[1] for c in chunks)
+    C = max(int(c.completion_mask.sum(-1).max()) for c in chunks)
+
+    def fit(x: torch.Tensor, width: int, value: int | float, left: bool) -> torch.Tensor:
+        x = x[:, :width] if not left else x
+        gap = width - x.shape[1]
+        if gap <= 0:
+            return x
+        filler = torch.full((x.shape[0], gap), value, dtype=x.dtype)
+        return torch.cat([filler, x] if left else [x, filler], dim=1)
+
+    return Samples(
+        prompt_ids=torch.cat([fit(c.prompt_ids, P, pad, True) for c in chunks]),
+        prompt_mask=torch.cat([fit(c.prompt_mask, P, 0, True) for c in chunks]),
+        completion_ids=torch.cat([fit(c.completion_ids, C, pad, False) for c in chunks]),
+        completion_mask=torch.cat([fit(c.completion_mask, C, 0, False) for c in chunks]),
+        sampler_logprobs=torch.cat([fit(c.sampler_logprobs, C, 0.0, False) for c in chunks]),
+        texts=[t for c in chunks for t in c.texts],
+        truncated=torch.cat([c.truncated for c in chunks]))
+
+
+def rollout(model, tokenizer, env: Env, tasks: Sequence[Task], *, group_size: int, temperature: float = 1.0,
+            top_p: float = 1.0, max_new_tokens: int = 64, batch_size: int = 128) -> RolloutBatch:
+    """G trajectories per task, sampled from the policy and scored by the env."""
+    prompts = [encode_prompt(tokenizer, t.messages) for t in tasks]
+    repeated = [p for p in prompts for _ in range(group_size)]
+    s = sample(model, tokenizer, repeated, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+               batch_size=batch_size)
+    owners = [t for t in tasks for _ in range(group_size)]
+    scores = [env.score(t, text) for t, text in zip(owners, s.texts)]
+    return RolloutBatch(**vars(s), tasks=owners,
+                        group=torch.arange(len(tasks)).repeat_interleave(group_size),
+                        rewards=torch.tensor([sc.reward for sc in scores], dtype=torch.float32),
+                        success=torch.tensor([sc.success for sc in scores]),
+                        feedback=[sc.feedback for sc in scores])
