@@ -61,7 +61,7 @@ def batches(examples, batch_size: int, rng: random.Random):
     groups = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     rng.shuffle(groups)
     for g in groups:
-        width = max(len(examples[i][0]) for i in g)
+        width = -(-max(len(examples[i][0]) for i in g) // 32) * 32  # few distinct shapes: bf16 kernels cache per shape
         ids = torch.zeros(len(g), width, dtype=torch.long)
         labels = torch.full((len(g), width), -100, dtype=torch.long)
         mask = torch.zeros(len(g), width, dtype=torch.long)

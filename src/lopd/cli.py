@@ -84,6 +84,8 @@ def cmd_eval(args) -> int:
     from lopd.runs import RunDir
     from lopd.train import pick_device
 
+    args.overrides += [s for s in args.split or [] if "=" in s]  # argparse's nargs="+" swallows them
+    args.split = [s for s in args.split or [] if "=" not in s]
     run = None
     if args.run:
         run = RunDir(args.run)
@@ -176,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress display is enough
+    hf_logging.set_verbosity_error()
     try:
         return args.func(args)
     except LopdError as e:

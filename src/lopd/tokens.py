@@ -18,6 +18,11 @@ from torch.utils.checkpoint import checkpoint
 DEFAULT_CHUNK = 256  # completion positions per output-head chunk
 
 
+def upcast(x: Tensor) -> Tensor:
+    """At least float32 (bf16/fp16 logits are upcast; float64 stays float64 for exact references)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     """The transformer body (returns hidden states) and the output head, for HF and peft models."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -46,7 +51,7 @@ class TokenStats:
         T = self.hidden.shape[1]
         for start in range(0, T, self.chunk):
             sl = slice(start, min(T, start + self.chunk))
-            yield sl, self.head(self.hidden[:, sl]).float() / self.temperature
+            yield sl, upcast(self.head(self.hidden[:, sl])) / self.temperature
 
     def logprobs(self) -> Tensor:
         """log p(y_t | prefix) of the completion tokens.   [B, T], 0 where mask is 0."""
@@ -64,7 +69,7 @@ class TokenStats:
         return self._logprobs
 
     def _chunk_logprobs(self, hidden: Tensor, targets: Tensor) -> Tensor:
-        logits = self.head(hidden).float() / self.temperature  # [B, c, V]
+        logits = upcast(self.head(hidden)) / self.temperature  # [B, c, V]
         return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [B, c]
 
 
@@ -97,8 +102,8 @@ def score_completions(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
 
 def _chunk_reverse_kl(s_head: nn.Module, t_head: nn.Module, temperature: float, s_hidden: Tensor,
                       t_hidden: Tensor) -> Tensor:
-    s = torch.log_softmax(s_head(s_hidden).float() / temperature, dim=-1)  # [B, c, V]
-    t = torch.log_softmax(t_head(t_hidden).float() / temperature, dim=-1)  # [B, c, V]
+    s = torch.log_softmax(upcast(s_head(s_hidden)) / temperature, dim=-1)  # [B, c, V]
+    t = torch.log_softmax(upcast(t_head(t_hidden)) / temperature, dim=-1)  # [B, c, V]
     return (s.exp() * (s - t)).sum(-1)  # [B, c]
 
 

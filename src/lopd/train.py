@@ -166,11 +166,11 @@ def train(cfg: LopdConfig, *, stop_after: int | None = None, quiet: bool = False
     device = pick_device(cfg.train.device)
     seed_everything(cfg.train.seed)
 
-    model, tokenizer = load_policy(cfg.model, device)
     env = build_env(cfg.env)
     train_tasks = env.tasks(cfg.env.train_split)
     for split in cfg.env.eval_splits:
         env.tasks(split)  # fail now, not after an hour, on a bad split name or data file
+    model, tokenizer = load_policy(cfg.model, device)
     algorithm = build_algorithm(cfg, policy=model, tokenizer=tokenizer, env=env, run=run)
     frozen = FrozenView(model) if algorithm.uses_reference or algorithm.uses_teacher else None
     algorithm.frozen = frozen

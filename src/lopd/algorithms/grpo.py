@@ -32,13 +32,13 @@ class GRPO(Algorithm):
         per_token, clipped = losses.clipped_policy_gradient(logprobs, batch.sampler_logprobs, ctx.advantages,
                                                             pg.clip_low, pg.clip_high)
         loss = losses.aggregate(per_token, mask, agg)
-        metrics = {"loss/pg": float(loss), "loss/clip_frac": mean_of(clipped.float(), mask),
+        metrics = {"loss/pg": loss.item(), "loss/clip_frac": mean_of(clipped.float(), mask),
                    "loss/ratio": mean_of((logprobs - batch.sampler_logprobs).exp().detach(), mask)}
         if pg.kl_coef > 0:
             kl = policy_kl(student, reference, pg.kl_estimator)  # [B, T]
             kl_loss = losses.aggregate(kl, mask, agg)
             loss = loss + pg.kl_coef * kl_loss
-            metrics["loss/kl_ref"] = float(kl_loss)
+            metrics["loss/kl_ref"] = kl_loss.item()
         return loss, metrics
 
 

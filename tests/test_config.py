@@ -1,0 +1,73 @@
+"""The config tree: YAML + dotted overrides, and errors that name the key, the file and the line."""
+
+import pytest
+
+from lopd.config import LopdConfig, describe, load_config, to_yaml
+from lopd.errors import ConfigError
+
+
+def test_defaults_yaml_and_overrides_compose(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  max_rollouts: 100\nmodel:\n  lora:\n    r: 4\n")
+    cfg = load_config(path, ["train.max_rollouts=256", "model.lora.enabled=true", "algorithm.aggregation=sequence"])
+    assert isinstance(cfg, LopdConfig)
+    assert cfg.train.max_rollouts == 256 and cfg.model.lora.r == 4 and cfg.model.lora.enabled
+    assert cfg.algorithm.aggregation.value == "sequence"
+    assert cfg.rollout.group_size == LopdConfig().rollout.group_size
+
+
+def test_resolved_config_roundtrips(tmp_path):
+    cfg = load_config(None, ["optim.lr=3e-4", "env.eval_splits=[test]"])
+    (tmp_path / "r.yaml").write_text(to_yaml(cfg))
+    again = load_config(tmp_path / "r.yaml")
+    assert again == cfg
+
+
+def test_unknown_key_names_the_key_and_the_valid_ones():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["train.max_rollout=3"])
+    msg = str(e.value)
+    assert "train.max_rollout" in msg and "max_rollouts" in msg and "micro_batch_size" in msg
+    assert "\n" not in msg
+    with pytest.raises(ConfigError, match="valid keys under '<root>'"):
+        load_config(None, ["nosuch.key=1"])
+
+
+def test_wrong_type_and_bad_choice_are_named():
+    with pytest.raises(ConfigError, match="train.max_rollouts"):
+        load_config(None, ["train.max_rollouts=lots"])
+    with pytest.raises(ConfigError, match=r"expected one of \[token, sequence\]"):
+        load_config(None, ["algorithm.aggregation=mean"])
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(None, ["train.max_rollouts"])
+
+
+def test_yaml_errors_name_file_and_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("train:\n  max_rollouts: 5\n  seeed: 3\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:3: unknown config key 'train.seeed'"):
+        load_config(path)
+    path.write_text("train:\n  max_rollouts: five\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:2: bad value for 'train.max_rollouts'"):
+        load_config(path)
+    path.write_text("train: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:\d+: not valid YAML"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_every_key_has_help():
+    rows = describe()
+    assert len(rows) > 30
+    missing = [k for k, _, text in rows if not text and not k.startswith("env.toolworld.")]
+    assert not missing, missing
+
+
+def test_bundled_configs_load():
+    from lopd.cli import CONFIG_DIR
+
+    names = sorted(p.name for p in CONFIG_DIR.glob("*.yaml"))
+    assert "grpo.yaml" in names and "demo.yaml" in names
+    for p in CONFIG_DIR.glob("*.yaml"):
+        load_config(p)

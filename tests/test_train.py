@@ -1,0 +1,137 @@
+"""The loop end to end: outputs, resume after a stop, the real CLI in a subprocess, clear errors."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import small_overrides
+from lopd.config import load_config
+from lopd.runs import RunDir
+from lopd.train import train
+
+LOPD = [sys.executable, "-m", "lopd.cli"]
+
+
+def _final_weights(run_dir: Path) -> dict:
+    ckpt = RunDir(run_dir).latest_checkpoint()
+    return load_file(ckpt / "model" / "model.safetensors")
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in RunDir(run_dir).read_metrics()]
+
+
+def test_resume_after_a_stop_equals_an_uninterrupted_run(tmp_path):
+    full = train(load_config(None, small_overrides(tmp_path / "full")), quiet=True)
+    cfg = load_config(None, small_overrides(tmp_path / "stopped"))
+    train(cfg, stop_after=3, quiet=True)  # checkpoint at step 2; step 3's work is lost, like a crash
+    assert RunDir(tmp_path / "stopped").latest_checkpoint().name == "step_000002"
+    assert max(r["step"] for r in _rows(tmp_path / "stopped")) == 3
+    resumed = train(cfg, quiet=True)
+    a, b = _final_weights(full), _final_weights(resumed)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert _rows(full) == _rows(resumed)  # the lost step's rows were replaced, not duplicated
+
+
+def test_run_directory_holds_everything(tmp_path):
+    path = train(load_config(None, small_overrides(tmp_path / "r")), quiet=True)
+    for name in ["config.yaml", "metrics.jsonl", "report.md", "curves.png"]:
+        assert (path / name).is_file(), name
+    assert list((path / "tb").glob("events.out.tfevents.*"))
+    ckpt = RunDir(path).latest_checkpoint()
+    assert {"model", "optimizer.pt", "state.pt"} <= {p.name for p in ckpt.iterdir()}
+    state = torch.load(ckpt / "state.pt", weights_only=False)
+    assert state["run"]["rollouts"] == 32 and state["run"]["step"] == 4
+    rows = RunDir(path).read_metrics()
+    evals = [r for r in rows if "eval/test/success" in r]
+    assert [r["rollouts"] for r in evals] == [0, 16, 32]
+    train_rows = [r for r in rows if r["kind"].startswith("train")]
+    assert all(k in train_rows[0] for k in ["reward/mean", "loss/pg", "time/rollout", "time/update", "tokens"])
+    lengths = [r["rollout/length"] * 8 for r in train_rows]  # 8 trajectories per step
+    assert train_rows[-1]["tokens"] == pytest.approx(sum(lengths))
+    report = (path / "report.md").read_text()
+    assert "| 32 |" in report  # the table has the final budget point
+    assert load_config(path / "config.yaml").train.max_rollouts == 32
+
+
+def _run(args, **kw):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(LOPD + args, capture_output=True, text=True, env=env, **kw)
+
+
+def test_cli_train_resume_and_eval_end_to_end(tmp_path):
+    run_dir = tmp_path / "cli"
+    out = _run(["train", "--config", "grpo", *small_overrides(run_dir)], timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "report:" in out.stdout
+    n_rows = len(RunDir(run_dir).read_metrics())
+    # `lopd train RUN_DIR` resumes; a larger budget continues the same run
+    out = _run(["train", str(run_dir), "train.max_rollouts=48"], timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = RunDir(run_dir).read_metrics()
+    assert len(rows) > n_rows and rows[-1]["rollouts"] == 48
+    assert RunDir(run_dir).latest_checkpoint().name == "step_000006"
+    out = _run(["eval", "--run", str(run_dir), "--split", "test", "eval.max_tasks=8"], timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| **all** |" in out.stdout and "step_000006" in out.stdout
+
+
+def test_cli_killed_mid_run_resumes_to_the_same_weights(tmp_path):
+    reference = train(load_config(None, small_overrides(tmp_path / "ref", **{"train.max_rollouts": 48})), quiet=True)
+    run_dir = tmp_path / "killed"
+    args = ["train", "--config", "grpo", *small_overrides(run_dir, **{"train.max_rollouts": 48})]
+    proc = subprocess.Popen(LOPD + args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while RunDir(run_dir).latest_checkpoint() is None and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert RunDir(run_dir).latest_checkpoint() is not None
+    out = _run(["train", str(run_dir)], timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    a, b = _final_weights(reference), _final_weights(run_dir)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["train", "--config", "grpo", "train.max_rollout=64"], "unknown config key 'train.max_rollout'"),
+    (["train", "--config", "grpo", "model.name=/nonexistent/model"], "model.name: '/nonexistent/model'"),
+    (["train", "--config", "nosuch"], "--config: 'nosuch'"),
+    (["train", "--config", "grpo", "algorithm.name=ppo"], "algorithm.name: 'ppo' is not one of"),
+])
+def test_cli_errors_are_one_clear_line(tmp_path, args, expected):
+    out = _run(args + [f"run.dir={tmp_path / 'x'}"], timeout=300)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], out.stderr[-2000:]
+
+
+def test_cli_malformed_data_row_is_one_clear_line(tmp_path, toolworld):
+    data = tmp_path / "data"
+    toolworld.export(data)
+    lines = (data / "train.jsonl").read_text().splitlines()
+    row = json.loads(lines[4])
+    row["function"] = "not a list of tools"
+    lines[4] = json.dumps(row)
+    (data / "train.jsonl").write_text("\n".join(lines) + "\n")
+    out = _run(["train", "--config", "grpo", f"env.toolworld.data_dir={data}", f"run.dir={tmp_path / 'x'}"], timeout=300)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "train.jsonl: row 5" in lines[0], out.stderr[-2000:]
+
+
+def test_help_lists_commands_and_config_keys():
+    out = _run(["--help"])
+    assert out.returncode == 0 and all(c in out.stdout for c in ["train", "eval", "demo"])
+    out = _run(["train", "--help"])
+    assert "train.max_rollouts" in out.stdout and "rollout budget" in out.stdout
