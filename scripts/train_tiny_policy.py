@@ -25,8 +25,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from lopd.envs.toolworld import ToolWorld, ToolWorldConfig, context_examples, sft_examples
-from lopd.prompts import encode_prompt, prompt_text
+from lopd.envs.toolworld import ToolWorld, ToolWorldConfig, sft_examples
+from lopd.prompts import context_examples, encode_prompt, prompt_text
 from lopd.rollout import sample
 
 CHAT_TEMPLATE = (

@@ -28,9 +28,9 @@ def _batch(cfg, model, tok, env):
 @pytest.mark.parametrize("lora", [False, True])
 def test_grpo_step_changes_trained_parameters_and_nothing_else(toolworld, lora):
     cfg, model, tok = _setup(["algorithm.pg.kl_coef=0.1"], lora)
-    algo = build_algorithm(cfg, policy=model, tokenizer=tok, env=toolworld)
+    algo = build_algorithm(cfg)
     frozen = FrozenView(model)
-    algo.frozen = frozen
+    algo.setup(reference=frozen, policy=model, tokenizer=tok, env=toolworld)
     trained = {n for n, p in model.named_parameters() if p.requires_grad}
     if lora:
         assert trained and all("lora_" in n for n in trained)
@@ -39,7 +39,7 @@ def test_grpo_step_changes_trained_parameters_and_nothing_else(toolworld, lora):
     opt = torch.optim.AdamW(trainable_parameters(model), lr=cfg.optim.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     batch = _batch(cfg, model, tok, toolworld)
-    metrics = update(model, algo, frozen, tok, opt, sched, batch, algo.build_context(batch), cfg)
+    metrics = update(model, algo, tok, opt, sched, batch, algo.build_context(batch), cfg)
     assert metrics["optim/grad_norm"] > 0 and "loss/kl_ref" in metrics
     after = dict(model.named_parameters())
     changed = {n for n in before if not torch.equal(before[n], after[n].detach())}
@@ -58,13 +58,13 @@ def test_grpo_step_changes_trained_parameters_and_nothing_else(toolworld, lora):
 
 def test_zero_advantage_batch_gives_zero_policy_gradient(toolworld):
     cfg, model, tok = _setup([], lora=False)
-    algo = build_algorithm(cfg, policy=model, tokenizer=tok, env=toolworld)
+    algo = build_algorithm(cfg)
     batch = _batch(cfg, model, tok, toolworld)
     batch.rewards = torch.ones(len(batch))
     opt = torch.optim.SGD(trainable_parameters(model), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     before = [p.detach().clone() for p in model.parameters()]
-    metrics = update(model, algo, None, tok, opt, sched, batch, algo.build_context(batch), cfg)
+    metrics = update(model, algo, tok, opt, sched, batch, algo.build_context(batch), cfg)
     assert metrics["optim/grad_norm"] == 0
     assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
 
@@ -74,12 +74,12 @@ def test_gradient_accumulation_equals_one_big_batch(toolworld):
     results = []
     for micro in (64, 3):
         cfg, model, tok = _setup([f"train.micro_batch_size={micro}"], lora=False)
-        algo = build_algorithm(cfg, policy=model, tokenizer=tok, env=toolworld)
+        algo = build_algorithm(cfg)
         torch.manual_seed(5)
         batch = _batch(cfg, model, tok, toolworld)
         opt = torch.optim.SGD(trainable_parameters(model), lr=0.1)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-        update(model, algo, None, tok, opt, sched, batch, algo.build_context(batch), cfg)
+        update(model, algo, tok, opt, sched, batch, algo.build_context(batch), cfg)
         results.append([p.detach().clone() for p in model.parameters()])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

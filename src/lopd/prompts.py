@@ -10,6 +10,39 @@ from __future__ import annotations
 from typing import Sequence
 
 
+def context_examples(examples: Sequence[tuple[str, str]]) -> str:
+    """Earlier successful attempts as context: [(request, answer text)]."""
+    return "\n".join(["Successful calls for similar requests:", *(f"- {r} -> {a}" for r, a in examples)])
+
+
+def context_reference(answer_text: str) -> str:
+    """The task's reference answer as context (OPSD)."""
+    return f"Reference answer: {answer_text}"
+
+
+def context_feedback(feedback: str, attempt: str) -> str:
+    """The checker's verdict on an attempt as context (SDPO)."""
+    return f"An earlier attempt was {attempt}\nFeedback on it: {feedback}"
+
+
+def context_skills(skills: Sequence[str]) -> str:
+    """Short textual skills distilled from earlier successes (Skill-SD)."""
+    return "\n".join(["Skills from earlier successes:", *(f"- {s}" for s in skills)])
+
+
+def task_text(task) -> str:
+    """What retrieval matches a task on: its request (ToolWorld) or its last user message."""
+    if task.meta.get("request"):
+        return task.meta["request"]
+    users = [m["content"] for m in task.messages if m["role"] == "user"]
+    return users[-1] if users else task.messages[-1]["content"]
+
+
+def join_contexts(*parts: str | None) -> str | None:
+    kept = [p for p in parts if p]
+    return "\n\n".join(kept) if kept else None
+
+
 def with_context(messages: Sequence[dict], context: str | None) -> list[dict]:
     messages = [dict(m) for m in messages]
     if not context:

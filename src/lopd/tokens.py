@@ -9,6 +9,7 @@ output head; each chunk is recomputed in the backward pass (activation checkpoin
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -34,6 +35,18 @@ def positions(mask: Tensor) -> Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+class WeightsDetached(nn.Module):
+    """A module evaluated with its parameters detached: inputs keep their gradient, weights get none."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.inner = module
+
+    def forward(self, x: Tensor) -> Tensor:
+        params = {k: v.detach() for k, v in self.inner.named_parameters()}
+        return torch.func.functional_call(self.inner, params, (x,))
+
+
 @dataclass
 class TokenStats:
     """A model's view of B completions of length T: hidden states at the predicting positions."""
@@ -45,6 +58,16 @@ class TokenStats:
     temperature: float = 1.0
     chunk: int = DEFAULT_CHUNK
     _logprobs: Tensor | None = field(default=None, repr=False)
+
+    def detached(self) -> "TokenStats":
+        """The same view with no gradient path (a teacher the loss must not move)."""
+        return TokenStats(self.hidden.detach(), self.weights_detached().head, self.targets, self.mask,
+                          self.temperature, self.chunk, None if self._logprobs is None else self._logprobs.detach())
+
+    def weights_detached(self) -> "TokenStats":
+        """The same view whose output head passes no gradient to its weights (every teacher's)."""
+        head = self.head if isinstance(self.head, WeightsDetached) else WeightsDetached(self.head)
+        return TokenStats(self.hidden, head, self.targets, self.mask, self.temperature, self.chunk, self._logprobs)
 
     def logits_chunks(self):
         """Yield (slice, float32 logits [B, c, V] / temperature) chunk by chunk (no checkpointing)."""
@@ -100,26 +123,69 @@ def score_completions(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
                       chunk)
 
 
-def _chunk_reverse_kl(s_head: nn.Module, t_head: nn.Module, temperature: float, s_hidden: Tensor,
-                      t_hidden: Tensor) -> Tensor:
-    s = torch.log_softmax(upcast(s_head(s_hidden)) / temperature, dim=-1)  # [B, c, V]
-    t = torch.log_softmax(upcast(t_head(t_hidden)) / temperature, dim=-1)  # [B, c, V]
-    return (s.exp() * (s - t)).sum(-1)  # [B, c]
+def _divergence_chunk(s_head: nn.Module, t_head: nn.Module, temperature: float, estimator: str, topk: int,
+                      alpha: float, s_hidden: Tensor, t_hidden: Tensor) -> Tensor:
+    """Divergence between the student's and the teacher's next-token distributions.   -> [B, c]"""
+    ls = torch.log_softmax(upcast(s_head(s_hidden)) / temperature, dim=-1)  # [B, c, V] student log p
+    lt = torch.log_softmax(upcast(t_head(t_hidden)) / temperature, dim=-1)  # [B, c, V] teacher log q
+    if estimator == "full" or (estimator == "jsd" and alpha >= 1):  # reverse KL(p || q)
+        return (ls.exp() * (ls - lt)).sum(-1)
+    if estimator == "jsd" and alpha <= 0:  # forward KL(q || p)
+        return (lt.exp() * (lt - ls)).sum(-1)
+    if estimator == "jsd":  # m = alpha q + (1 - alpha) p;  alpha KL(q || m) + (1 - alpha) KL(p || m)
+        lm = torch.logsumexp(torch.stack([lt + math.log(alpha), ls + math.log(1 - alpha)]), dim=0)  # [B, c, V]
+        return alpha * (lt.exp() * (lt - lm)).sum(-1) + (1 - alpha) * (ls.exp() * (ls - lm)).sum(-1)
+    if estimator == "topk":  # the student's top-k tokens plus one bucket holding the rest of the mass
+        k = min(topk, ls.shape[-1])
+        idx = ls.detach().topk(k, dim=-1).indices  # [B, c, k]
+        ls_k, lt_k = ls.gather(-1, idx), lt.gather(-1, idx)  # [B, c, k]
+        out = (ls_k.exp() * (ls_k - lt_k)).sum(-1)
+        if k < ls.shape[-1]:
+            in_top = torch.zeros_like(ls, dtype=torch.bool).scatter_(-1, idx, True)
+            ls_tail = ls.masked_fill(in_top, -math.inf).logsumexp(-1)  # [B, c] log of the student's tail mass
+            lt_tail = lt.masked_fill(in_top, -math.inf).logsumexp(-1)
+            out = out + ls_tail.exp() * (ls_tail - lt_tail)
+        return out
+    raise ValueError(f"distillation estimator '{estimator}' is not one of {', '.join(ESTIMATORS)}")
+
+
+ESTIMATORS = ("full", "topk", "sampled", "jsd")
+
+
+def token_divergence(student: TokenStats, teacher: TokenStats, estimator: str = "full", *, topk: int = 20,
+                     alpha: float = 1.0) -> Tensor:
+    """Per-token divergence of the student from the teacher at every completion position.   -> [B, T]
+
+    estimator:
+      full     exact KL(student || teacher) over the vocabulary
+      topk     the student's top-k tokens plus one tail bucket, for both models (= full when k = V)
+      sampled  on the sampled token y_t only: value log p(y_t) - log q(y_t); gradient for the student
+               -(log q - log p) grad log p (the reverse-KL score-function estimator), for the teacher
+               -grad log q(y_t) (the gradient of KL(p || q) in q, with y_t ~ p)
+      jsd      generalised Jensen-Shannon with weight alpha: 1 = reverse KL, 0 = forward KL(teacher || student)
+
+    Gradients flow into whichever side's hidden states require them (detach a side to stop them). Full-
+    vocabulary estimators run chunk by chunk and recompute each chunk in the backward pass, so peak memory
+    holds one [B, chunk, V] block per model, never [B, T, V].
+    """
+    estimator = getattr(estimator, "value", estimator)
+    if estimator == "sampled":
+        lp, lq = student.logprobs(), teacher.logprobs()  # [B, T]
+        gap = (lp - lq).detach()
+        return (gap + gap * (lp - lp.detach()) - (lq - lq.detach())) * student.mask
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"distillation estimator '{estimator}' is not one of {', '.join(ESTIMATORS)}")
+    parts = []
+    T = student.hidden.shape[1]
+    needs_grad = torch.is_grad_enabled() and (student.hidden.requires_grad or teacher.hidden.requires_grad)
+    for start in range(0, T, student.chunk):
+        sl = slice(start, min(T, start + student.chunk))
+        args = (student.head, teacher.head, student.temperature, estimator, topk, alpha,
+                student.hidden[:, sl], teacher.hidden[:, sl])
+        parts.append(checkpoint(_divergence_chunk, *args, use_reentrant=False) if needs_grad else _divergence_chunk(*args))
+    return torch.cat(parts, dim=1) * student.mask
 
 
 def full_reverse_kl(student: TokenStats, teacher: TokenStats) -> Tensor:
-    """Exact KL(student || teacher) over the whole vocabulary at every position.   -> [B, T]
-
-    Gradients flow into whichever side carries them (detach a side to stop them); each chunk is
-    recomputed in the backward pass, so peak memory holds one [B, chunk, V] block per model.
-    """
-    parts = []
-    T = student.hidden.shape[1]
-    for start in range(0, T, student.chunk):
-        sl = slice(start, min(T, start + student.chunk))
-        args = (student.head, teacher.head, student.temperature, student.hidden[:, sl], teacher.hidden[:, sl])
-        if torch.is_grad_enabled() and (student.hidden.requires_grad or teacher.hidden.requires_grad):
-            parts.append(checkpoint(_chunk_reverse_kl, *args, use_reentrant=False))
-        else:
-            parts.append(_chunk_reverse_kl(*args))
-    return torch.cat(parts, dim=1) * student.mask
+    """Exact KL(student || teacher) over the vocabulary at every position.   -> [B, T]"""
+    return token_divergence(student, teacher, "full")

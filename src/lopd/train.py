@@ -31,7 +31,7 @@ from lopd.config import LopdConfig, to_yaml
 from lopd.envs import Env, Task, build_env
 from lopd.errors import ConfigError
 from lopd.evaluate import evaluate
-from lopd.models import FrozenView, load_policy, trainable_parameters
+from lopd.models import FrozenView, load_policy, make_teacher, trainable_parameters
 from lopd.prompts import encode_prompt
 from lopd.rollout import RolloutBatch, left_pad, sample
 from lopd.runs import RunDir, seed_everything
@@ -91,16 +91,23 @@ def collect_rollouts(model, tokenizer, env: Env, tasks: Sequence[Task], cfg: Lop
                         success=torch.tensor([sc.success for sc in scores]), feedback=[sc.feedback for sc in scores])
 
 
-def teacher_stats(frozen: FrozenView, tokenizer, batch: RolloutBatch, contexts: list[str | None], temperature: float):
-    """The frozen model re-scoring the batch's completions with each trajectory's privileged context."""
-    prompts = [encode_prompt(tokenizer, t.messages, c) for t, c in zip(batch.tasks, contexts)]
-    ids, mask = left_pad(prompts, tokenizer.pad_token_id)
-    with frozen.active() as teacher:
-        return score_completions(teacher, ids, mask, batch.completion_ids, batch.completion_mask, temperature=temperature)
+def teacher_stats(teacher, tokenizer, batch: RolloutBatch, contexts: list[str | None] | None, temperature: float,
+                  prefix: torch.Tensor | None = None):
+    """The self-teacher re-scoring the batch's own completion tokens with its privileged context:
+    text contexts go into the prompt (same chat template as the student's), latent ones in front of it."""
+    if contexts is None:
+        ids, mask = batch.prompt_ids, batch.prompt_mask
+    else:
+        prompts = [encode_prompt(tokenizer, t.messages, c) for t, c in zip(batch.tasks, contexts)]
+        ids, mask = left_pad(prompts, tokenizer.pad_token_id)
+    with teacher.active() as model:
+        stats = score_completions(model, ids, mask, batch.completion_ids, batch.completion_mask,
+                                  temperature=temperature, prefix_embeds=prefix)
+    return stats.weights_detached()  # the head is evaluated later, outside `active()`
 
 
-def update(model, algorithm: Algorithm, frozen: FrozenView | None, tokenizer, optimizer, scheduler,
-           batch: RolloutBatch, ctx: Context, cfg: LopdConfig) -> dict[str, float]:
+def update(model, algorithm: Algorithm, tokenizer, optimizer, scheduler, batch: RolloutBatch, ctx: Context,
+           cfg: LopdConfig) -> dict[str, float]:
     """epochs x minibatches optimizer steps over one rollout batch, with gradient accumulation."""
     t, temp = cfg.train, cfg.rollout.temperature
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -115,13 +122,13 @@ def update(model, algorithm: Algorithm, frozen: FrozenView | None, tokenizer, op
                 student = score_completions(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
                                             mb.completion_mask, temperature=temp)
                 reference = teacher = None
-                with torch.no_grad():
-                    if algorithm.uses_reference:
-                        with frozen.active() as ref:
-                            reference = score_completions(ref, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
-                                                          mb.completion_mask, temperature=temp)
-                    if mctx.texts is not None:
-                        teacher = teacher_stats(frozen, tokenizer, mb, mctx.texts, temp)
+                if algorithm.uses_reference:
+                    with torch.no_grad():
+                        reference = teacher_stats(algorithm.reference, tokenizer, mb, None, temp)
+                if algorithm.uses_teacher:
+                    prefix = algorithm.teacher_prefix(mb, mctx)  # [b, K, H] latent context, or None
+                    with torch.set_grad_enabled(prefix is not None and prefix.requires_grad):
+                        teacher = teacher_stats(algorithm.teacher, tokenizer, mb, mctx.texts, temp, prefix)
                 loss, metrics = algorithm.loss(mb, mctx, student, teacher, reference)
                 w = _weight(mb, cfg) / weight_total
                 (loss * w).backward()
@@ -131,6 +138,8 @@ def update(model, algorithm: Algorithm, frozen: FrozenView | None, tokenizer, op
             sums["optim/grad_norm"] = sums.get("optim/grad_norm", 0.0) + float(norm) / (t.epochs_per_batch * t.minibatches)
             optimizer.step()
             scheduler.step()
+            if algorithm.teacher is not None:
+                algorithm.teacher.after_step()
     sums["optim/lr"] = scheduler.get_last_lr()[0]
     return sums
 
@@ -171,9 +180,13 @@ def train(cfg: LopdConfig, *, stop_after: int | None = None, quiet: bool = False
     for split in cfg.env.eval_splits:
         env.tasks(split)  # fail now, not after an hour, on a bad split name or data file
     model, tokenizer = load_policy(cfg.model, device)
-    algorithm = build_algorithm(cfg, policy=model, tokenizer=tokenizer, env=env, run=run)
-    frozen = FrozenView(model) if algorithm.uses_reference or algorithm.uses_teacher else None
-    algorithm.frozen = frozen
+    algorithm = build_algorithm(cfg)
+    d = cfg.algorithm.distill
+    needs_frozen = algorithm.uses_reference or (algorithm.uses_teacher and d.teacher.value == "frozen")
+    reference = FrozenView(model) if needs_frozen else None
+    teacher = make_teacher(model, d.teacher, d.ema_rate, reference) if algorithm.uses_teacher else None
+    algorithm.setup(policy=model, tokenizer=tokenizer, env=env, run=run, reference=reference, teacher=teacher,
+                    device=device)
     groups = [{"params": trainable_parameters(model), "lr": cfg.optim.lr}] + algorithm.param_groups()
     optimizer = torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
                                   weight_decay=cfg.optim.weight_decay)
@@ -191,8 +204,8 @@ def train(cfg: LopdConfig, *, stop_after: int | None = None, quiet: bool = False
         saved = run.load_checkpoint(checkpoint, model, optimizer)
         scheduler.load_state_dict(saved["scheduler"])
         algorithm.load_state_dict(saved["algorithm"])
-        if frozen is not None:
-            frozen.load_state_dict(saved.get("frozen", {}))
+        if teacher is not None:
+            teacher.load_state_dict(saved.get("teacher", {}))
         state = RunState(**saved["run"])
     run.truncate_metrics(after_step=state.step if checkpoint is not None else -1)
     writer = _tensorboard(run, cfg, purge_step=state.step + 1 if checkpoint is not None else None)
@@ -222,7 +235,7 @@ def train(cfg: LopdConfig, *, stop_after: int | None = None, quiet: bool = False
     def save() -> None:
         run.save_checkpoint(state.step, model, optimizer, {
             "scheduler": scheduler.state_dict(), "algorithm": algorithm.state_dict(),
-            "frozen": frozen.state_dict() if frozen is not None and frozen.trained else {},
+            "teacher": teacher.state_dict() if teacher is not None and teacher.trained else {},
             "run": vars(state)}, keep=cfg.run.keep_checkpoints)
 
     progress = _Progress(cfg, total_steps, quiet or not cfg.run.progress)
@@ -239,7 +252,7 @@ def train(cfg: LopdConfig, *, stop_after: int | None = None, quiet: bool = False
             with timer("context"):
                 ctx = algorithm.build_context(batch)
             with timer("update"):
-                metrics = update(model, algorithm, frozen, tokenizer, optimizer, scheduler, batch, ctx, cfg)
+                metrics = update(model, algorithm, tokenizer, optimizer, scheduler, batch, ctx, cfg)
             with timer("remember"):
                 metrics.update(algorithm.after_update(batch))
             prev = state.rollouts

@@ -45,9 +45,19 @@ class Algorithm:
     uses_reference: bool = False  # the loop provides TokenStats of the frozen initial model
     uses_teacher: bool = False  # the loop builds a frozen self-teacher (FrozenView) for the algorithm
 
-    def __init__(self, cfg: "LopdConfig", **runtime: Any):
+    def __init__(self, cfg: "LopdConfig"):
         self.cfg = cfg
-        self.runtime = runtime
+        self.reference = None  # FrozenView of the initial weights, when uses_reference
+        self.teacher = None  # the self-teacher's weights (frozen / EMA / live), when uses_teacher
+        self.runtime: dict[str, Any] = {}
+
+    def setup(self, *, reference=None, teacher=None, **runtime: Any) -> None:
+        """Called once by the loop with the models and the env (LOPD builds its composer and bank here)."""
+        self.reference, self.teacher, self.runtime = reference, teacher, runtime
+
+    def teacher_prefix(self, batch: "RolloutBatch", ctx: Context) -> Tensor | None:
+        """Continuous tokens put in front of the teacher's prompt ([b, K, H], may carry gradient)."""
+        return None
 
     def build_context(self, batch: "RolloutBatch") -> Context:
         raise NotImplementedError

@@ -26,20 +26,25 @@ class GRPO(Algorithm):
         return Context(advantages=losses.group_advantages(batch.rewards, batch.group, pg.normalize_std))
 
     def loss(self, batch, ctx: Context, student, teacher=None, reference=None):
-        pg, agg = self.cfg.algorithm.pg, self.cfg.algorithm.aggregation
-        mask = student.mask
-        logprobs = student.logprobs()  # [B, T]
-        per_token, clipped = losses.clipped_policy_gradient(logprobs, batch.sampler_logprobs, ctx.advantages,
-                                                            pg.clip_low, pg.clip_high)
-        loss = losses.aggregate(per_token, mask, agg)
-        metrics = {"loss/pg": loss.item(), "loss/clip_frac": mean_of(clipped.float(), mask),
-                   "loss/ratio": mean_of((logprobs - batch.sampler_logprobs).exp().detach(), mask)}
-        if pg.kl_coef > 0:
-            kl = policy_kl(student, reference, pg.kl_estimator)  # [B, T]
-            kl_loss = losses.aggregate(kl, mask, agg)
-            loss = loss + pg.kl_coef * kl_loss
-            metrics["loss/kl_ref"] = kl_loss.item()
-        return loss, metrics
+        return grpo_loss(self.cfg, batch, ctx.advantages, student, reference)
+
+
+def grpo_loss(cfg, batch, advantages, student, reference=None):
+    """Clipped policy gradient (+ kl_coef * reference KL), aggregated as configured."""
+    pg, agg = cfg.algorithm.pg, cfg.algorithm.aggregation
+    mask = student.mask
+    logprobs = student.logprobs()  # [B, T]
+    per_token, clipped = losses.clipped_policy_gradient(logprobs, batch.sampler_logprobs, advantages,
+                                                        pg.clip_low, pg.clip_high)
+    loss = losses.aggregate(per_token, mask, agg)
+    metrics = {"loss/pg": loss.item(), "loss/clip_frac": mean_of(clipped.float(), mask),
+               "loss/ratio": mean_of((logprobs - batch.sampler_logprobs).exp().detach(), mask)}
+    if pg.kl_coef > 0:
+        kl = policy_kl(student, reference, pg.kl_estimator)  # [B, T]
+        kl_loss = losses.aggregate(kl, mask, agg)
+        loss = loss + pg.kl_coef * kl_loss
+        metrics["loss/kl_ref"] = kl_loss.item()
+    return loss, metrics
 
 
 def policy_kl(student, reference, estimator):

@@ -1,0 +1,20 @@
+"""OPSD: on-policy self-distillation with the task's reference answer as the teacher's privileged context.
+
+    teacher prompt = [system + "Reference answer: <reference>" ; user request]   (same chat template)
+    loss           = D(student || sg teacher) per token, on the student's own samples
+
+    lopd train --config configs/opsd.yaml
+"""
+
+from __future__ import annotations
+
+from lopd.algorithms.distill import SelfDistillation
+from lopd.prompts import context_reference
+
+
+class OPSD(SelfDistillation):
+    name = "opsd"
+
+    def contexts(self, batch):
+        env = self.runtime["env"]
+        return [context_reference(env.reference(task)) for task in batch.tasks]

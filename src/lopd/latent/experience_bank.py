@@ -1,0 +1,222 @@
+"""The experience bank: every scored trajectory worth remembering, persisted, with top-k retrieval.
+
+On disk, in the run directory (append-only, crash-safe):
+    bank/entries.jsonl   one JSON object per entry, or {"evict": id} tombstones
+    bank/keys.f32        the entries' embedding keys, float32 rows in the same order
+Each add writes the keys first, then the JSON lines, then flushes and fsyncs. A process killed in the
+middle leaves a bank that loads, missing at most the entries in flight: on load, a torn last line is
+dropped and keys beyond the last complete entry are ignored (and cut off before the next append).
+
+Retrieval: cosine similarity of unit keys, one matrix product over the live entries and a top-k, with
+exclusion rules: never the trajectory being scored, never its own sampling group (that is SDPO's
+context, not experience), only successes unless asked otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Experience:
+    task_id: str
+    task_text: str  # what retrieval matches on (the request)
+    trajectory: str  # the completion text
+    reward: float
+    success: bool
+    feedback: str = ""
+    step: int = 0
+    group: str = ""  # sampling group: trajectories sampled together for one task at one step
+    source: str = "rollout"
+    tokens: list[int] = field(default_factory=list)
+    id: int = -1  # assigned by the bank
+
+
+@dataclass
+class Retrieved:
+    index: list[list[int]]  # [Q][<=k] entry ids, best first
+    similarity: list[list[float]]  # [Q][<=k]
+
+
+class ExperienceBank:
+    def __init__(self, dim: int, folder: str | Path | None = None, capacity: int = 0, eviction: str = "fifo"):
+        if eviction not in ("fifo", "lowest_reward"):
+            raise ValueError(f"bank eviction '{eviction}' is not one of fifo, lowest_reward")
+        self.dim, self.capacity, self.eviction = dim, capacity, eviction
+        self.entries: list[Experience] = []
+        self.keys = np.zeros((0, dim), dtype=np.float32)
+        self.alive = np.zeros(0, dtype=bool)
+        self.folder = Path(folder) if folder is not None else None
+        if self.folder is not None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._load()
+
+    # ------------------------------------------------------------------ persistence
+
+    @property
+    def _entries_path(self) -> Path:
+        return self.folder / "entries.jsonl"
+
+    @property
+    def _keys_path(self) -> Path:
+        return self.folder / "keys.f32"
+
+    def _load(self) -> None:
+        rows, evicted = [], []
+        if self._entries_path.is_file():
+            raw = self._entries_path.read_bytes()
+            complete = raw[: raw.rfind(b"\n") + 1]  # a torn last line (no newline) is the entry in flight
+            if len(complete) != len(raw):
+                with open(self._entries_path, "r+b") as f:
+                    f.truncate(len(complete))
+            for line in complete.decode("utf-8").splitlines():
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError:
+                    break  # cannot happen for complete lines we wrote; stop rather than misalign keys
+                (evicted.append(obj["evict"]) if "evict" in obj else rows.append(obj))
+        keys = np.zeros((0, self.dim), dtype=np.float32)
+        if self._keys_path.is_file():
+            keys = np.fromfile(self._keys_path, dtype=np.float32)
+            keys = keys[: len(keys) // self.dim * self.dim].reshape(-1, self.dim)
+        n = min(len(rows), len(keys))
+        self.entries = [Experience(**r) for r in rows[:n]]
+        self.keys = np.ascontiguousarray(keys[:n])
+        self.alive = np.ones(n, dtype=bool)
+        for i in evicted:
+            if i < n:
+                self.alive[i] = False
+        if self._keys_path.is_file() and self._keys_path.stat().st_size != n * self.dim * 4:
+            with open(self._keys_path, "r+b") as f:  # keys written for a line that never landed
+                f.truncate(n * self.dim * 4)
+        if len(rows) > n:  # lines whose keys never landed: rewrite without them
+            self._rewrite()
+
+    def _append(self, keys: np.ndarray, lines: list[str]) -> None:
+        if self.folder is None:
+            return
+        with open(self._keys_path, "ab") as fk:
+            fk.write(np.ascontiguousarray(keys, dtype=np.float32).tobytes())
+            fk.flush()
+            os.fsync(fk.fileno())
+        with open(self._entries_path, "a", encoding="utf-8") as fe:
+            fe.write("".join(line + "\n" for line in lines))
+            fe.flush()
+            os.fsync(fe.fileno())
+
+    def _rewrite(self) -> None:
+        """Compact the files to exactly the in-memory state (atomic renames)."""
+        tmp_e, tmp_k = self._entries_path.with_suffix(".tmp"), self._keys_path.with_suffix(".tmp")
+        with open(tmp_e, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(asdict(e)) + "\n" for e in self.entries)
+            f.writelines(json.dumps({"evict": int(i)}) + "\n" for i in np.flatnonzero(~self.alive))
+        self.keys.astype(np.float32).tofile(tmp_k)
+        os.replace(tmp_k, self._keys_path)
+        os.replace(tmp_e, self._entries_path)
+
+    # ------------------------------------------------------------------ writing
+
+    def add(self, experiences: Sequence[Experience], keys: np.ndarray) -> list[int]:
+        """Append entries with their unit keys [N, dim]; evicts beyond capacity. Returns the new ids."""
+        keys = np.asarray(keys, dtype=np.float32).reshape(-1, self.dim)
+        assert len(keys) == len(experiences)
+        start = len(self.entries)
+        for i, e in enumerate(experiences):
+            e.id = start + i
+        self._append(keys, [json.dumps(asdict(e)) for e in experiences])
+        self.entries.extend(experiences)
+        self.keys = np.concatenate([self.keys, keys])
+        self.alive = np.concatenate([self.alive, np.ones(len(experiences), dtype=bool)])
+        self._evict()
+        return [e.id for e in experiences]
+
+    def _evict(self) -> None:
+        if not self.capacity or self.size <= self.capacity:
+            return
+        live = np.flatnonzero(self.alive)
+        excess = len(live) - self.capacity
+        if self.eviction == "fifo":
+            victims = live[:excess]
+        else:  # lowest reward first, oldest first among equals
+            rewards = np.array([self.entries[i].reward for i in live])
+            victims = live[np.lexsort((live, rewards))[:excess]]
+        self.alive[victims] = False
+        if self.folder is not None:
+            with open(self._entries_path, "a", encoding="utf-8") as f:
+                f.writelines(json.dumps({"evict": int(i)}) + "\n" for i in victims)
+                f.flush()
+                os.fsync(f.fileno())
+            if (~self.alive).sum() > max(1000, self.capacity):  # keep the files from growing without bound
+                self._compact()
+
+    def _compact(self) -> None:
+        keep = np.flatnonzero(self.alive)
+        self.entries = [self.entries[i] for i in keep]
+        for new_id, e in enumerate(self.entries):
+            e.id = new_id
+        self.keys = self.keys[keep]
+        self.alive = np.ones(len(keep), dtype=bool)
+        self._rewrite()
+
+    def truncate_after(self, step: int) -> None:
+        """Forget entries written after `step` (a resumed run redoes those steps)."""
+        keep = [i for i, e in enumerate(self.entries) if e.step <= step]
+        if len(keep) == len(self.entries):
+            return
+        self.entries = [self.entries[i] for i in keep]
+        self.keys = self.keys[keep]
+        self.alive = self.alive[keep]
+        for new_id, e in enumerate(self.entries):
+            e.id = new_id
+        if self.folder is not None:
+            self._rewrite()
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def size(self) -> int:
+        return int(self.alive.sum())
+
+    def search(self, queries: np.ndarray, k: int, *, exclude_ids: Sequence[Sequence[int]] | None = None,
+               exclude_groups: Sequence[str] | None = None, successes_only: bool = True,
+               min_similarity: float = -1.0) -> Retrieved:
+        """Top-k entries by cosine similarity for each query key [Q, dim]."""
+        queries = np.asarray(queries, dtype=np.float32).reshape(-1, self.dim)
+        Q = len(queries)
+        if Q == 0 or self.size == 0 or k <= 0:
+            return Retrieved([[] for _ in range(Q)], [[] for _ in range(Q)])
+        usable = self.alive.copy()
+        if successes_only:
+            usable &= np.array([e.success for e in self.entries], dtype=bool)
+        sims = torch.from_numpy(queries) @ torch.from_numpy(self.keys).T  # [Q, N]
+        sims[:, torch.from_numpy(~usable)] = -torch.inf
+        if exclude_groups is not None:
+            groups = np.array([e.group for e in self.entries], dtype=object)
+            for q, g in enumerate(exclude_groups):
+                if g:
+                    sims[q, torch.from_numpy(groups == g)] = -torch.inf
+        for q, ids in enumerate(exclude_ids or []):
+            if len(ids):
+                sims[q, list(ids)] = -torch.inf
+        top = torch.topk(sims, min(k, sims.shape[1]), dim=1)
+        index, similarity = [], []
+        for vals, idx in zip(top.values.tolist(), top.indices.tolist()):
+            keep = [(i, v) for i, v in zip(idx, vals) if v > -np.inf and v >= min_similarity]
+            index.append([i for i, _ in keep])
+            similarity.append([v for _, v in keep])
+        return Retrieved(index, similarity)
+
+    def stats(self) -> dict[str, float]:
+        live = [self.entries[i] for i in np.flatnonzero(self.alive)]
+        return {"context/bank_size": float(len(live)),
+                "context/bank_successes": float(sum(e.success for e in live)),
+                "context/bank_mean_reward": float(np.mean([e.reward for e in live])) if live else 0.0}
