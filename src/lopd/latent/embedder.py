@@ -35,7 +35,7 @@ class SentenceEmbedder:
         from sentence_transformers import SentenceTransformer
 
         self.model = SentenceTransformer(path or minilm_path(), device=device, local_files_only=True)
-        self.dim = self.model.get_sentence_embedding_dimension()
+        self.dim = (getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension)()
         self.batch_size = batch_size
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
