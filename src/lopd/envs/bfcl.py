@@ -987,7 +987,7 @@ class BFCL:
 
     def reference(self, task: Task) -> str:
         kind = task.meta["kind"]
-        if kind == "irrelevance":
+        if kind == "irrelevance" or not task.meta["functions"]:
             return "None of the provided functions can be used for this request."
         if kind == "relevance":  # no ground truth: a schema-complete call to the first function
             doc = task.meta["functions"][0]
