@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from lopd.algorithms.base import Algorithm, Context
 from lopd.algorithms.grpo import GRPO
+from lopd.algorithms.lopd import LOPD, LOPDText
 from lopd.algorithms.opsd import OPSD
 from lopd.algorithms.sdpo import SDPO
 from lopd.algorithms.skill_sd import SkillSD
 from lopd.errors import ConfigError
 
-REGISTRY: dict[str, type[Algorithm]] = {cls.name: cls for cls in [GRPO, OPSD, SDPO, SkillSD]}
+REGISTRY: dict[str, type[Algorithm]] = {cls.name: cls for cls in [GRPO, OPSD, SDPO, SkillSD, LOPD, LOPDText]}
 
 
 def build_algorithm(cfg) -> Algorithm:

@@ -688,15 +688,23 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, max_p
     return _run(_mode(isolation), code, limits, stdin, int(max_output_bytes), tuple(ro_paths))
 
 
-def run_many(codes: Sequence[str], workers: int = 2, **kwargs) -> list[ExecResult]:
-    """`run_python` over many programs, `workers` at a time; results in input order."""
+def run_many(codes: Sequence[str], workers: int = 2, stdins: Sequence[str] | None = None,
+             **kwargs) -> list[ExecResult]:
+    """`run_python` over many programs, `workers` sandboxes at a time; results in input order.
+
+    stdins: one stdin text per program (instead of a shared `stdin=`); other keywords go to run_python."""
+    if stdins is not None and (len(stdins) != len(codes) or "stdin" in kwargs):
+        raise ValueError("run_many: give one stdin per program in `stdins`, or a shared `stdin`, not both")
     if not codes:
         return []
     _mode(kwargs.get("isolation", "auto"))  # probe once, before the threads race for it
     from concurrent.futures import ThreadPoolExecutor
 
+    def one(i: int) -> ExecResult:
+        return run_python(codes[i], **({"stdin": stdins[i]} if stdins is not None else {}), **kwargs)
+
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return list(pool.map(lambda code: run_python(code, **kwargs), codes))
+        return list(pool.map(one, range(len(codes))))
 
 
 def sandbox_mode(isolation: str = "auto") -> str:

@@ -26,6 +26,7 @@ from typing import Any, Iterator, Sequence
 from lopd.envs.base import DataError, Score, Task, read_jsonl
 from lopd.envs.calls import Call, ParseFailure, parse_calls, render_calls
 from lopd.errors import ConfigError
+from lopd.prompts import context_examples, context_reference
 from lopd.envs.toolworld_kinds import CATEGORIES, CODE_SETS, DOMAINS, KINDS, Domain, ParamSpec
 
 SYSTEM_PROMPT = "You call tools. Reply with exactly one call: tool_name(arg=value, ...).\nTools:"
@@ -398,18 +399,6 @@ def check_calls(calls: list[Call], answer: list[dict], tools: list[dict], reward
 
 
 # ---------------------------------------------------------------------------- SFT corpus
-
-
-def context_examples(examples: Sequence[tuple[str, str]]) -> str:
-    """Privileged context listing earlier successful calls: [(request, call text)]."""
-    lines = ["Successful calls for similar requests:"]
-    for request, call in examples:
-        lines.append(f"- {request} -> {call}")
-    return "\n".join(lines)
-
-
-def context_reference(answer_text: str) -> str:
-    return f"Reference answer: {answer_text}"
 
 
 def sft_examples(n: int, seed: int = 0, hidden_per_tool: int = 2, distractors: int = 1,

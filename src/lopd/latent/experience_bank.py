@@ -35,6 +35,7 @@ class Experience:
     step: int = 0
     group: str = ""  # sampling group: trajectories sampled together for one task at one step
     source: str = "rollout"
+    category: str = ""
     tokens: list[int] = field(default_factory=list)
     id: int = -1  # assigned by the bank
 

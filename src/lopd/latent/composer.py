@@ -1,0 +1,76 @@
+"""The latent composer C_phi: retrieved experiences -> K continuous tokens z in front of the teacher's prompt.
+
+    memory  = [null ; LN(W_in h) + outcome[success]]   h: frozen-backbone hidden states of each experience's
+                                                    tokens ("request -> answer"), cached per bank entry;
+                                                    null: a learned slot (what "no experience" reads)
+    q       = K learned queries                     [K, D]
+    q      += CrossAttn(LN(q), memory); q += MLP(LN(q))     x layers (a Perceiver-style resampler)
+    n       = normalize(W_out q) * mean token-embedding norm
+    z       = E[filler] + tanh(gate) * n            [K, H]
+
+The gate starts at 0, so at step 0 the prefix is K embeddings of a neutral filler token and the teacher
+reads its prompt as usual: the latent context grows from nothing instead of wrecking the teacher. With
+no retrieval (`memory` is None) the queries skip cross-attention: a learned, task-independent prefix.
+Everything is differentiable; the backbone is not part of the composer and gets no gradient from it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+class ResamplerLayer(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.norm_q, self.norm_m, self.norm_ff = nn.LayerNorm(dim), nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.ff = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, q: Tensor, memory: Tensor | None, memory_pad: Tensor | None) -> Tensor:
+        if memory is not None:  # q: [b, K, D]; memory: [b, M, D]; memory_pad: [b, M] True = padding
+            m = self.norm_m(memory)
+            q = q + self.attn(self.norm_q(q), m, m, key_padding_mask=memory_pad, need_weights=False)[0]
+        return q + self.ff(self.norm_ff(q))
+
+
+class Composer(nn.Module):
+    def __init__(self, hidden: int, embed_norm: float, filler: Tensor, *, latent_tokens: int = 8, layers: int = 2,
+                 heads: int = 4, width: int = 0, gate_init: float = 0.0):
+        super().__init__()
+        width = width or hidden
+        if width % heads:
+            raise ValueError(f"composer width {width} is not divisible by {heads} heads")
+        self.latent_tokens, self.embed_norm = latent_tokens, embed_norm
+        self.queries = nn.Parameter(torch.randn(latent_tokens, width) / math.sqrt(width))
+        self.outcome = nn.Embedding(2, width)  # 0 = failure, 1 = success
+        self.inp = nn.Linear(hidden, width)
+        self.norm_in = nn.LayerNorm(width)
+        self.layers = nn.ModuleList(ResamplerLayer(width, heads) for _ in range(layers))
+        self.norm_out = nn.LayerNorm(width)
+        self.out = nn.Linear(width, hidden)
+        self.null = nn.Parameter(torch.zeros(1, 1, width))
+        self.gate = nn.Parameter(torch.tensor(float(gate_init)))
+        self.register_buffer("filler", filler.detach().clone().float().reshape(1, 1, hidden))  # [1, 1, H]
+
+    def forward(self, memory: Tensor | None = None, memory_pad: Tensor | None = None,
+                memory_success: Tensor | None = None, batch: int | None = None) -> Tensor:
+        """memory: [b, M, H] hidden states of the retrieved experiences (concatenated), memory_pad: [b, M],
+        memory_success: [b, M] long (1 where the token belongs to a success). Returns z: [b, K, H]."""
+        b = memory.shape[0] if memory is not None else batch
+        q = self.queries.unsqueeze(0).expand(b, -1, -1)  # [b, K, D]
+        mem = None
+        if memory is not None:
+            mem = self.norm_in(self.inp(memory.to(self.inp.weight.dtype)))  # [b, M, D]
+            if memory_success is not None:
+                mem = mem + self.outcome(memory_success)
+            # a learned null slot every row can attend to: a trajectory that retrieved nothing reads only it
+            mem = torch.cat([self.null.expand(b, -1, -1), mem], dim=1)  # [b, 1 + M, D]
+            if memory_pad is not None:
+                memory_pad = torch.cat([torch.zeros_like(memory_pad[:, :1]), memory_pad], dim=1)
+        for layer in self.layers:
+            q = layer(q, mem, memory_pad)
+        n = nn.functional.normalize(self.out(self.norm_out(q)), dim=-1) * self.embed_norm  # [b, K, H]
+        return self.filler + torch.tanh(self.gate) * n
