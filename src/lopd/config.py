@@ -18,6 +18,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from lopd.envs.bfcl import BFCLConfig
 from lopd.envs.toolworld import ToolWorldConfig
 from lopd.errors import ConfigError
 
@@ -81,6 +82,7 @@ class EnvConfig:
     train_split: str = _help("split the policy trains on", "train")
     eval_splits: list[str] = _help("held-out splits evaluated during training", factory=lambda: ["test", "transfer"])
     toolworld: ToolWorldConfig = field(default_factory=ToolWorldConfig)
+    bfcl: BFCLConfig = field(default_factory=BFCLConfig)
 
 
 @dataclass

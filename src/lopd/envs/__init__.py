@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from lopd.envs.base import DataError, Env, Score, Task
+from lopd.envs.bfcl import BFCL
 from lopd.envs.toolworld import ToolWorld
 from lopd.errors import ConfigError
 
-ENVS = {"toolworld": lambda cfg: ToolWorld(cfg.toolworld)}
+ENVS = {
+    "toolworld": lambda cfg: ToolWorld(cfg.toolworld),
+    "bfcl": lambda cfg: BFCL(cfg.bfcl),
+}
 
 
 def build_env(cfg) -> Env:
