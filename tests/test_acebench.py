@@ -20,7 +20,7 @@ from lopd.envs.acebench import (
 from lopd.envs.acebench_checker import (
     answer_candidates, call_name, official_decode, official_normal, official_special, strict_normal, strict_special,
 )
-from lopd.envs.base import DataError, Score, Task
+from lopd.envs.base import DataError, Env, Score, Task
 from lopd.envs.calls import Call, parse_calls
 from lopd.errors import ConfigError
 
@@ -440,6 +440,10 @@ def test_train_test_split_is_stratified_seeded_and_keeps_conversations(env):
     assert ids(other.tasks("train")) != ids(train)
     assert not ACEBench(ACEBenchConfig(train_fraction=0.0)).tasks("train")
     assert not ACEBench(ACEBenchConfig(train_fraction=1.0)).tasks("test")
+
+
+def test_env_protocol():
+    assert isinstance(ACEBench(), Env) and ACEBench.name == "acebench"
 
 
 def test_config_errors():

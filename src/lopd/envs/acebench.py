@@ -352,6 +352,8 @@ def train_units(units: Sequence[str], fraction: float, seed: int) -> set[str]:
 
 def verdict(task: Task, completion: str, mode: str) -> Score:
     """One task's Score in one mode."""
+    if mode not in MODES:
+        raise ValueError(f"unknown scoring mode '{mode}' (modes: {', '.join(MODES)})")
     category = task.category
     if category in AGENT:
         return Score(0.0, False, AGENT_REASON)
@@ -414,6 +416,8 @@ class ACEBench:
         return SPLITS
 
     def category(self, name: str) -> list[Task]:
+        if name not in CATEGORIES:
+            raise ConfigError(f"acebench has no category '{name}' (categories: {', '.join(CATEGORIES)})")
         if name not in self._categories:
             self._categories[name] = load_category(self.data_dir, name)
         return self._categories[name]
