@@ -18,6 +18,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from lopd.envs.acebench import ACEBenchConfig
 from lopd.envs.bfcl import BFCLConfig
 from lopd.envs.toolworld import ToolWorldConfig
 from lopd.errors import ConfigError
@@ -83,6 +84,7 @@ class EnvConfig:
     eval_splits: list[str] = _help("held-out splits evaluated during training", factory=lambda: ["test", "transfer"])
     toolworld: ToolWorldConfig = field(default_factory=ToolWorldConfig)
     bfcl: BFCLConfig = field(default_factory=BFCLConfig)
+    acebench: ACEBenchConfig = field(default_factory=ACEBenchConfig)
 
 
 @dataclass

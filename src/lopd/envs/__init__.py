@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from lopd.envs.base import DataError, Env, Score, Task
+from lopd.envs.acebench import ACEBench
 from lopd.envs.bfcl import BFCL
 from lopd.envs.toolworld import ToolWorld
 from lopd.errors import ConfigError
@@ -10,6 +11,7 @@ from lopd.errors import ConfigError
 ENVS = {
     "toolworld": lambda cfg: ToolWorld(cfg.toolworld),
     "bfcl": lambda cfg: BFCL(cfg.bfcl),
+    "acebench": lambda cfg: ACEBench(cfg.acebench),
 }
 
 
