@@ -66,6 +66,7 @@ MODES = ("namespace", "process")
 
 UID_BASE = 1_000_000_000  # per-run sandbox uids: UID_BASE .. UID_BASE + UID_POOL - 1 (own no file anywhere)
 UID_POOL = 64
+LOCK_DIR = "/run/lopd-sandbox-uids"  # per-uid lease files (root only)
 NOBODY = 65534  # fallback when the uid range above is not mapped (a user-namespaced container)
 START_GRACE_S = 1.0  # wall-clock allowance for starting the launcher and interpreter, on top of timeout_s
 KILL_WAIT_S = 2.0  # how long to drain output / wait for the launcher after a kill
@@ -212,7 +213,7 @@ def _exec_user(spec: dict, alive_r: int, workdir: str) -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # re-armed: a uid change clears it
     _check_alive(alive_r)
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": spec["tmpdir"] or workdir,
-           "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+           "LANG": "C.UTF-8"}
     python = spec["python"]
     os.execve(python, [python, "-I", "-B", "-u", "main.py"], env)
 
@@ -388,6 +389,12 @@ def _kill_descendants() -> None:
         time.sleep(0.005)
 
 
+def _on_term(signum, frame) -> None:
+    """Process mode, on the parent's timeout (SIGTERM), its death or the alarm: kill the tree, then go."""
+    _kill_descendants()
+    os._exit(0)
+
+
 def _launch_process(spec: dict, ctl: int) -> None:
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     workdir = spec["workdir"]
@@ -398,12 +405,6 @@ def _launch_process(spec: dict, ctl: int) -> None:
         os.close(alive_w)
         _guard(ctl, lambda: _exec_user(spec, alive_r, workdir))
     os.close(alive_r)
-
-    def on_term(signum, frame):  # the parent's timeout: take the whole tree down, then go
-        _kill_descendants()
-        os._exit(0)
-
-    signal.signal(signal.SIGTERM, on_term)
     status = _supervise(pid)
     _kill_descendants()
     _report(ctl, **status)
@@ -411,9 +412,20 @@ def _launch_process(spec: dict, ctl: int) -> None:
 
 
 def _launcher_main() -> None:
+    """Entry point of the launcher process. Two backstops against a parent that dies mid-run: the
+    parent-death signal, and an alarm after the longest time the parent itself would wait."""
     os.umask(0o022)
     spec = json.loads(sys.stdin.buffer.read())
     ctl = spec["ctl_fd"]
+    if spec["mode"] == "namespace":
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the init follows by its own parent-death signal
+    else:
+        signal.signal(signal.SIGTERM, _on_term)
+        signal.signal(signal.SIGALRM, _on_term)
+        _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != spec["parent_pid"]:
+        os._exit(124)
+    signal.alarm(math.ceil(spec["limits"]["timeout_s"] + START_GRACE_S + 2 * KILL_WAIT_S))
     launch = _launch_namespace if spec["mode"] == "namespace" else _launch_process
     _guard(ctl, lambda: launch(spec, ctl))
 
@@ -478,6 +490,18 @@ def _probe(kind: str) -> _Mode | str:
     return why
 
 
+def _lock_dir() -> str:
+    """/run/lopd-sandbox-uids: never in a world-writable place a process-mode sandbox could squat."""
+    path = LOCK_DIR
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    import stat
+
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise SandboxUnavailable(f"{path} must be a directory owned by uid {os.geteuid()} with mode 0700")
+    return path
+
+
 class _UidLease:
     """A uid for one run: an exclusive flock on `<lockdir>/<uid>.lock`, shared only in the NOBODY fallback."""
 
@@ -490,11 +514,10 @@ class _UidLease:
             return self.uid
         import fcntl
 
-        lockdir = os.path.join(tempfile.gettempdir(), "lopd-sandbox-uids")
-        os.makedirs(lockdir, mode=0o700, exist_ok=True)
+        lockdir = _lock_dir()
         while True:
             for uid in self.uids:
-                fd = os.open(os.path.join(lockdir, f"{uid}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+                fd = os.open(os.path.join(lockdir, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
@@ -563,7 +586,7 @@ def _run(mode: _Mode, code: str, limits: dict, stdin: str, max_output_bytes: int
             ctl_r, ctl_w = os.pipe()
             spec = {"mode": mode.kind, "userns": mode.userns, "uid": uid, "python": mode.python, "code": code,
                     "stdin": stdin, "limits": limits, "workdir": workdir, "tmpdir": "/tmp" if workdir is None else None,
-                    "ro_paths": [mode.prefix, *ro_paths], "ctl_fd": ctl_w}
+                    "ro_paths": [mode.prefix, *ro_paths], "ctl_fd": ctl_w, "parent_pid": os.getpid()}
             try:
                 proc = subprocess.Popen(
                     [sys.executable, "-I", "-S", "-B", os.path.abspath(__file__), _LAUNCH_FLAG],
@@ -739,7 +762,7 @@ def sandbox_guarantees(isolation: str = "auto") -> dict[str, Guarantee]:
         "output_limit": g(True, "the parent stops reading and kills the tree at max_output_bytes"),
         "fresh_workdir": g(True, "tmpfs in a private mount namespace, gone with it" if ns else
                            "a new temporary folder, deleted afterwards"),
-        "scrubbed_env": g(True, "execve with PATH, HOME, TMPDIR, LANG, PYTHONHASHSEED only; python -I"),
+        "scrubbed_env": g(True, "execve with PATH, HOME, TMPDIR, LANG only; python -I ignores PYTHON* variables"),
         "no_network": g(ns, "new network namespace (loopback only, down)" if ns else
                         "none: needs namespaces"),
         "host_files_hidden": g(ns, "pivot_root into a tmpfs root with read-only binds of system dirs" if ns else
