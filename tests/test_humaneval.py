@@ -114,6 +114,7 @@ def test_programs_for_each_completion_form(toy):
         "fenced full": f"```python\n{GOOD_ADD}```",
         "body": "    return x + y\n",
         "dedented body": "return x + y",
+        "indented block": "1. The code:\n\n   ```python\n   def add(x, y):\n       return x + y\n   ```\n",
         "crlf": "```python\r\ndef add(x, y):\r\n    return x + y\r\n```",
         "prompt repeated": ADD["prompt"] + ADD["canonical_solution"],
         "with own tests": f"```python\n{GOOD_ADD}\nassert add(1, 1) == 3\nprint(add(2, 2))\n"

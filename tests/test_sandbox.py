@@ -351,6 +351,11 @@ def test_stdin_file_is_not_left_in_the_folder(mode):
     assert r.stdout == "data ['main.py']\n", r
 
 
-def test_program_file_not_writable_by_others(mode):
+def test_only_standard_streams_are_inherited(mode):
+    r = run("import os\nprint(sorted(int(f) for f in os.listdir('/proc/self/fd')))", mode)
+    assert r.ok and r.stdout == "[0, 1, 2, 3]\n", r  # 3: the listdir itself
+
+
+def test_work_folder_is_private(mode):
     r = run("import os, stat\nprint(oct(os.stat('.').st_mode & 0o777))", mode)
     assert r.ok and r.stdout.strip() == oct(stat.S_IRWXU), r

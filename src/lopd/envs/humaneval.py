@@ -18,7 +18,7 @@ Completion extraction (`extract_code`), in order:
    function body; it is cut at the first line starting with ``` (a closing fence).
 2. Fenced code: otherwise, if there are ``` fences, the first python (or unlabelled) block that defines
    the entry point, else the first such block, else the first block of any language. An unclosed fence
-   runs to the end of the text (truncated generations).
+   runs to the end of the text (truncated generations); a block indented as a whole is dedented.
 3. Bare text: otherwise the text itself, from its first code-like line (def/class/import/from/@/async),
    cut after the longest run of lines that parses (trailing prose dropped).
 The code is a *full function* if it defines `def <entry_point>(` at column 0; the program is then the prompt
@@ -47,6 +47,7 @@ import json
 import math
 import re
 import secrets
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -142,6 +143,12 @@ def _defines(code: str, entry_point: str) -> bool:
     return re.search(rf"^(async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.M) is not None
 
 
+def _dedent_if_defines(code: str, entry_point: str) -> str:
+    """A block indented as a whole (e.g. nested in a markdown list) that defines the entry point, dedented."""
+    dedented = textwrap.dedent(code)
+    return dedented if dedented != code and _defines(dedented, entry_point) else code
+
+
 def _first_nonblank(text: str) -> str:
     return next((ln for ln in text.splitlines() if ln.strip()), "")
 
@@ -176,6 +183,7 @@ def extract_code(completion: str, entry_point: str) -> Extracted:
     blocks = [(m.group(1).lower(), m.group(2), text.count("\n", 0, m.start(2)) + 1) for m in _FENCE.finditer(text)]
     if blocks:
         python = [b for b in blocks if b[0] in _PY_LANGS] or blocks
+        python = [(lang, _dedent_if_defines(code, entry_point), line) for lang, code, line in python]
         lang, code, line = next((b for b in python if _defines(b[1], entry_point)), python[0])
         return Extracted(code, _defines(code, entry_point), line)
     start = _CODE_START.search(text)

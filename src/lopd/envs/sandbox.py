@@ -417,6 +417,7 @@ def _launcher_main() -> None:
     os.umask(0o022)
     spec = json.loads(sys.stdin.buffer.read())
     ctl = spec["ctl_fd"]
+    os.set_inheritable(ctl, False)  # the user program must not be able to write fake status lines
     if spec["mode"] == "namespace":
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the init follows by its own parent-death signal
     else:
@@ -604,6 +605,8 @@ def _run(mode: _Mode, code: str, limits: dict, stdin: str, max_output_bytes: int
                 out, err, ctl, why = _collect(proc, ctl_r, deadline, max_output_bytes, lambda: _terminate(proc, mode))
             os.close(ctl_r)
             _reap(proc)
+            if why and mode.uids is not None and len(mode.uids) > 1:  # an exclusive uid: all its processes are ours
+                _await_uid_gone(uid)
         finally:
             if workdir is not None:
                 _rmtree(workdir)
@@ -621,6 +624,35 @@ def _reap(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
         proc.wait()
+
+
+def _uid_processes(uid: int) -> list[int]:
+    """Live (not zombie) processes whose real uid is `uid`."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/status") as f:
+                    fields = dict(ln.split(":", 1) for ln in f.read().splitlines() if ":" in ln)
+            except (OSError, ValueError):
+                continue
+            if int(fields.get("Uid", "-1").split()[0]) == uid and not fields.get("State", "").strip().startswith("Z"):
+                out.append(int(entry))
+    return out
+
+
+def _await_uid_gone(uid: int) -> None:
+    """After a kill, wait until the run's processes have finished dying (the kernel tears a PID namespace
+    down asynchronously), SIGKILLing stragglers, so the uid is free when its lease is released."""
+    end = time.monotonic() + KILL_WAIT_S
+    while (pids := _uid_processes(uid)) and time.monotonic() < end:
+        if time.monotonic() > end - KILL_WAIT_S / 2:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        time.sleep(0.01)
 
 
 def _rmtree(path: str) -> None:
