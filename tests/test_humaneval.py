@@ -15,7 +15,8 @@ from lopd.envs.humaneval import (HumanEval, HumanEvalConfig, build_program, extr
 from lopd.errors import ConfigError, DataError
 
 ADD = {"task_id": "Toy/0", "entry_point": "add",
-       "prompt": 'from typing import List\n\n\ndef add(x: int, y: int) -> int:\n    """Add two numbers.\n    >>> add(2, 3)\n    5\n    """\n',
+       "prompt": ('from typing import List\n\n\ndef add(x: int, y: int) -> int:\n'
+                  '    """Add two numbers.\n    >>> add(2, 3)\n    5\n    """\n'),
        "canonical_solution": "    return x + y\n",
        "test": "\n\ndef check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"}
 GOOD_ADD = "def add(x, y):\n    return x + y\n"
@@ -152,7 +153,7 @@ def test_toy_scores_and_feedback(toy):
         "    return (x +\n": (False, "SyntaxError: '(' was never closed at line 1 of the completion"),
         "    while True:\n        pass\n": (False, "Timed out"),
         "    import time\n    time.sleep(60)\n": (False, "Timed out (wall-clock"),
-        "    return x.nope\n": (False, "AttributeError: 'int' object has no attribute 'nope' at line 1 of the completion"),
+        "    return x.nope\n": (False, "AttributeError: 'int' object has no attribute 'nope' at line 1 of the comp"),
         "```python\nimport sys\nsys.exit(0)\n```": (False, "The program exited before the tests ran"),
         "    raise SystemExit(0)\n": (False, "The program exited before the tests ran"),
         "    return bytearray(10**10)\n": (False, "Ran out of memory"),

@@ -220,7 +220,7 @@ except OSError as e:
     print('refused', type(e).__name__)""" for p in paths)
 
 
-def test_cannot_read_a_private_home(mode, tmp_path):
+def test_cannot_read_a_private_home(mode):
     needs(mode, "parent_unsignalable")  # i.e. another uid or namespaces: a same-user run could read its home
     secret = uuid.uuid4().hex
     home = Path(tempfile.mkdtemp(prefix="lopd-home-"))  # 0700, like a real home directory

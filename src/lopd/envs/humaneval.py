@@ -314,7 +314,8 @@ def run_feedback(program: Program, result: ExecResult, token: str) -> Score:
     if frames and frames[-1] >= program.tests_start:
         test_line = program.source.splitlines()[frames[-1] - 1].strip()
         if last.startswith("AssertionError"):
-            return Score(0.0, False, f"Failed test: `{_clip(test_line)}`" + (f" ({_clip(last)})." if ":" in last else "."))
+            detail = f" ({_clip(last)})." if ":" in last else "."  # an assert with a message
+            return Score(0.0, False, f"Failed test: `{_clip(test_line)}`{detail}")
         return Score(0.0, False, f"{_clip(last)} while running the test `{_clip(test_line)}`.")
     if frames:
         return Score(0.0, False, f"{_clip(last)} at {_where(program, frames[-1])}.")

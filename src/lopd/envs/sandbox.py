@@ -457,7 +457,8 @@ def _interpreters() -> list[tuple[str, str]]:
 
 def _candidates(kind: str) -> list[_Mode]:
     root = os.geteuid() == 0
-    uid_sets: list[tuple[int, ...] | None] = [tuple(range(UID_BASE, UID_BASE + UID_POOL)), (NOBODY,)] if root else [None]
+    pool = tuple(range(UID_BASE, UID_BASE + UID_POOL))
+    uid_sets: list[tuple[int, ...] | None] = [pool, (NOBODY,)] if root else [None]
     return [_Mode(kind, kind == "namespace" and not root, uids, python, prefix)
             for uids in uid_sets for python, prefix in _interpreters()]
 
@@ -533,7 +534,8 @@ class _UidLease:
             os.close(self.fd)  # releases the lock
 
 
-def _collect(proc: subprocess.Popen, ctl_r: int, deadline: float, limit: int, terminate) -> tuple[bytes, bytes, bytes, str]:
+def _collect(proc: subprocess.Popen, ctl_r: int, deadline: float, limit: int,
+             terminate) -> tuple[bytes, bytes, bytes, str]:
     """Read stdout, stderr and the control pipe until all close; kill on the deadline or the output limit."""
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
     bufs = {out_fd: bytearray(), err_fd: bytearray(), ctl_r: bytearray()}
@@ -579,12 +581,14 @@ def _terminate(proc: subprocess.Popen, mode: _Mode) -> None:
         pass
 
 
-def _run(mode: _Mode, code: str, limits: dict, stdin: str, max_output_bytes: int, ro_paths: Sequence[str]) -> ExecResult:
-    start = time.monotonic()
+def _run(mode: _Mode, code: str, limits: dict, stdin: str, max_output_bytes: int,
+         ro_paths: Sequence[str]) -> ExecResult:
     with _UidLease(mode.uids) as uid:
+        start = time.monotonic()
         workdir = tempfile.mkdtemp(prefix="lopd-sandbox-") if mode.kind == "process" else None
+        ctl_r, ctl_w = os.pipe()
+        proc = None
         try:
-            ctl_r, ctl_w = os.pipe()
             spec = {"mode": mode.kind, "userns": mode.userns, "uid": uid, "python": mode.python, "code": code,
                     "stdin": stdin, "limits": limits, "workdir": workdir, "tmpdir": "/tmp" if workdir is None else None,
                     "ro_paths": [mode.prefix, *ro_paths], "ctl_fd": ctl_w, "parent_pid": os.getpid()}
@@ -603,11 +607,16 @@ def _run(mode: _Mode, code: str, limits: dict, stdin: str, max_output_bytes: int
             deadline = start + limits["timeout_s"] + START_GRACE_S
             with proc.stdout, proc.stderr:
                 out, err, ctl, why = _collect(proc, ctl_r, deadline, max_output_bytes, lambda: _terminate(proc, mode))
-            os.close(ctl_r)
             _reap(proc)
             if why and mode.uids is not None and len(mode.uids) > 1:  # an exclusive uid: all its processes are ours
                 _await_uid_gone(uid)
+        except BaseException:  # e.g. KeyboardInterrupt while waiting: leave nothing running
+            if proc is not None:
+                _terminate(proc, mode)
+                _reap(proc)
+            raise
         finally:
+            os.close(ctl_r)
             if workdir is not None:
                 _rmtree(workdir)
     stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")[-STDERR_KEEP:]
