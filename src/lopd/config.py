@@ -20,6 +20,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from lopd.envs.acebench import ACEBenchConfig
 from lopd.envs.bfcl import BFCLConfig
+from lopd.envs.humaneval import HumanEvalConfig
 from lopd.envs.toolworld import ToolWorldConfig
 from lopd.errors import ConfigError
 
@@ -85,6 +86,7 @@ class EnvConfig:
     toolworld: ToolWorldConfig = field(default_factory=ToolWorldConfig)
     bfcl: BFCLConfig = field(default_factory=BFCLConfig)
     acebench: ACEBenchConfig = field(default_factory=ACEBenchConfig)
+    humaneval: HumanEvalConfig = field(default_factory=HumanEvalConfig)
 
 
 @dataclass

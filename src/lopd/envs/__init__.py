@@ -5,6 +5,7 @@ from __future__ import annotations
 from lopd.envs.base import DataError, Env, Score, Task
 from lopd.envs.acebench import ACEBench
 from lopd.envs.bfcl import BFCL
+from lopd.envs.humaneval import HumanEval
 from lopd.envs.toolworld import ToolWorld
 from lopd.errors import ConfigError
 
@@ -12,6 +13,7 @@ ENVS = {
     "toolworld": lambda cfg: ToolWorld(cfg.toolworld),
     "bfcl": lambda cfg: BFCL(cfg.bfcl),
     "acebench": lambda cfg: ACEBench(cfg.acebench),
+    "humaneval": lambda cfg: HumanEval(cfg.humaneval),
 }
 
 
