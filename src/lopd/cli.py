@@ -115,6 +115,21 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from lopd.compare import cells as grid_cells
+    from lopd.compare import load_grid, run_grid
+    from lopd.grid_report import write_grid_report
+
+    grid = load_grid(config_path(args.config), args.grid_overrides)
+    if args.workers:
+        grid.workers = args.workers
+    cells = grid_cells(grid) if args.report_only else run_grid(grid)
+    report = write_grid_report(grid, cells, command="lopd " + " ".join(sys.argv[1:]))
+    print((report.parent / "report.md").read_text().split("## Success")[0])
+    print(f"report: {report}\nfigures: {report.parent / 'curves.png'}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     import shutil
 
@@ -139,7 +154,7 @@ def cmd_demo(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     keys = "\n".join(f"  {k:<36} {default:<12} {text}" for k, default, text in describe())
     parser = argparse.ArgumentParser(prog="lopd", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,demo}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,compare,demo}")
 
     p = sub.add_parser("train", help="train a policy (or resume a run directory)",
                        description="Train a policy with the configured algorithm, or resume a run directory. "
@@ -163,6 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("compare", help="run a grid of methods x seeds under one budget and write the report",
+                       description="Run every (method, seed[, backbone, env]) of a grid file under one rollout budget, "
+                                   "in parallel worker processes, then write report.md, report.json and figures. "
+                                   "An interrupted grid continues where it stopped.")
+    p.add_argument("--config", required=True, help="grid YAML file (see configs/compare_toolworld.yaml)")
+    p.add_argument("--workers", type=int, default=0, help="parallel runs (default: the grid's `workers`)")
+    p.add_argument("--report-only", action="store_true", help="only (re)write the report from existing runs")
+    p.add_argument("grid_overrides", nargs="*", metavar="key=value", help="top-level grid keys, e.g. seeds=[0,1]")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("demo", help="train on the bundled task with the bundled policy and report",
                        description="The showcase: trains the bundled tiny policy on ToolWorld under the demo "

@@ -171,6 +171,7 @@ def train(cfg: LopdConfig, *, stop_after: int | None = None, quiet: bool = False
         torch.set_num_threads(cfg.train.threads)
     run = RunDir(run_dir_for(cfg))
     run.path.mkdir(parents=True, exist_ok=True)
+    (run.path / "finished").unlink(missing_ok=True)
     run.config_path.write_text(to_yaml(cfg))
     device = pick_device(cfg.train.device)
     seed_everything(cfg.train.seed)
@@ -282,6 +283,7 @@ def train(cfg: LopdConfig, *, stop_after: int | None = None, quiet: bool = False
     from lopd.report import write_run_report
 
     write_run_report(run.path)
+    (run.path / "finished").write_text(str(cfg.train.max_rollouts))  # last: the run is complete
     return run.path
 
 

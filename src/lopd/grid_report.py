@@ -1,0 +1,316 @@
+"""The report of a `lopd compare` grid: report.md, report.json and figures, from the runs' metrics.jsonl.
+
+Statistics: for every method, split and budget point, the mean over seeds, the sample std, and a 95%
+confidence interval of the mean (Student t with n - 1 degrees of freedom). A method is called better or
+worse than the reference only when the two intervals do not overlap; otherwise "no clear difference".
+Every number in the tables is recomputed here from the rows of the runs' metrics.jsonl, nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import platform
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from lopd.compare import Cell, Grid
+from lopd.runs import RunDir
+
+DIAGNOSTICS = ["context/delta_success", "context/delta_failure", "context/margin_violation", "context/lambda"]
+
+
+@dataclass
+class Stat:
+    n: int
+    mean: float
+    std: float
+    low: float
+    high: float
+
+    def fmt(self, scale: float = 100.0, digits: int = 1) -> str:
+        if self.n == 0:
+            return "-"
+        return f"{scale * self.mean:.{digits}f} ± {scale * self.std:.{digits}f}"
+
+
+def t_critical(df: int) -> float:
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, df)) if df > 0 else math.inf
+
+
+def stat(values: list[float]) -> Stat:
+    n = len(values)
+    if n == 0:
+        return Stat(0, math.nan, math.nan, math.nan, math.nan)
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if n > 1 else 0.0
+    half = t_critical(n - 1) * std / math.sqrt(n) if n > 1 else math.inf
+    return Stat(n, mean, std, mean - half, mean + half)
+
+
+def compare_stats(a: Stat, b: Stat) -> str:
+    if a.n < 2 or b.n < 2:
+        return "too few seeds"
+    if a.low > b.high:
+        return "higher"
+    if a.high < b.low:
+        return "lower"
+    return "no clear difference"
+
+
+def curves_of(cell: Cell) -> dict[str, dict[int, float]]:
+    """split -> {rollouts: success} for one run."""
+    out: dict[str, dict[int, float]] = {}
+    for row in RunDir(cell.path).read_metrics():
+        for k, v in row.items():
+            if k.startswith("eval/") and k.endswith("/success"):
+                out.setdefault(k.split("/")[1], {})[row["rollouts"]] = v
+    return out
+
+
+def series_of(cell: Cell, key: str) -> list[tuple[int, float]]:
+    return [(r["rollouts"], r[key]) for r in RunDir(cell.path).read_metrics() if key in r]
+
+
+def method_key(cell: Cell) -> str:
+    return "/".join([cell.method.name] + [p for p in (cell.backbone, cell.env) if p])
+
+
+def summarise(grid: Grid, cells: list[Cell]) -> dict:
+    """Everything the report shows, as plain data (also written as report.json)."""
+    methods: dict[str, list[Cell]] = {}
+    for c in cells:
+        methods.setdefault(method_key(c), []).append(c)
+    curves = {m: [curves_of(c) for c in cs] for m, cs in methods.items()}
+    splits = sorted({s for runs in curves.values() for run in runs for s in run})
+    out: dict = {"grid": grid.name, "budget": grid.budget, "seeds": grid.seeds, "splits": splits, "methods": {}}
+    for m, runs in curves.items():
+        entry: dict = {"ablation": methods[m][0].method.ablation, "runs": [str(c.path) for c in methods[m]], "splits": {}}
+        for split in splits:
+            points = sorted(set.intersection(*(set(r.get(split, {})) for r in runs))) if runs else []
+            by_point = {p: [r[split][p] for r in runs] for p in points}
+            aucs = [_auc(sorted(r.get(split, {}).items()), grid.budget) for r in runs if r.get(split)]
+            entry["splits"][split] = {
+                "points": points,
+                "mean": [stat(by_point[p]).mean for p in points],
+                "std": [stat(by_point[p]).std for p in points],
+                "low": [stat(by_point[p]).low for p in points],
+                "high": [stat(by_point[p]).high for p in points],
+                "per_seed": {str(p): by_point[p] for p in points},
+                "final": by_point[points[-1]] if points else [],
+                "auc": aucs,
+            }
+        out["methods"][m] = entry
+    ref_key = next((m for m in out["methods"] if m.split("/")[0] == grid.reference), None)
+    out["reference"] = ref_key
+    for m, entry in out["methods"].items():
+        for split, s in entry["splits"].items():
+            s["rollouts_to_reference"] = _rollouts_to(s, out["methods"][ref_key]["splits"].get(split)) if ref_key else None
+            s["vs_reference"] = (compare_stats(stat(s["final"]), stat(out["methods"][ref_key]["splits"][split]["final"]))
+                                 if ref_key and m != ref_key and split in out["methods"][ref_key]["splits"] else None)
+    return out
+
+
+def _auc(points: list[tuple[int, float]], budget: int) -> float:
+    """Mean success over the budget: trapezoid area under success-vs-rollouts divided by the budget."""
+    if len(points) < 2:
+        return points[0][1] if points else math.nan
+    area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(points, points[1:]))
+    return area / max(points[-1][0] - points[0][0], 1)
+
+
+def _rollouts_to(s: dict, ref: dict | None) -> float | None:
+    """Rollouts at which the seed-mean curve first reaches the reference's final mean success, as a
+    fraction of the reference's budget (None: never reached)."""
+    if not ref or not ref["points"] or not s["points"]:
+        return None
+    target = ref["mean"][-1]
+    for p, m in zip(s["points"], s["mean"]):
+        if m >= target - 1e-12:
+            return p / ref["points"][-1]
+    return None
+
+
+# ------------------------------------------------------------------------------- writing
+
+
+def write_grid_report(grid: Grid, cells: list[Cell], command: str = "") -> Path:
+    data = summarise(grid, cells)
+    data["provenance"] = provenance(grid, cells, command)
+    root = grid.root
+    root.mkdir(parents=True, exist_ok=True)
+    figures = plot_grid(data, root)
+    (root / "report.json").write_text(json.dumps(data, indent=1, default=float))
+    (root / "report.md").write_text(markdown(grid, data, figures))
+    return root / "report.md"
+
+
+def main_table(data: dict) -> str:
+    splits = data["splits"]
+    ref = data["reference"]
+    lines = ["| method | " + " | ".join(f"{s}: final % | {s}: AUC % | {s}: rollouts to {ref or '-'} final" for s in splits) + " |",
+             "|---|" + "---:|---:|---:|" * len(splits)]
+    for m, e in data["methods"].items():
+        cells = []
+        for s in splits:
+            sp = e["splits"].get(s)
+            if not sp:
+                cells += ["-", "-", "-"]
+                continue
+            r = sp["rollouts_to_reference"]
+            verdict = f" ({sp['vs_reference']})" if sp.get("vs_reference") else ""
+            cells += [stat(sp["final"]).fmt() + verdict, stat(sp["auc"]).fmt(),
+                      "not reached" if r is None else f"{100 * r:.0f}% of budget"]
+        lines.append(f"| {m}{' (ablation)' if e['ablation'] else ''} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def budget_table(data: dict, split: str) -> str:
+    methods = [m for m, e in data["methods"].items() if split in e["splits"]]
+    points = sorted({p for m in methods for p in data["methods"][m]["splits"][split]["points"]})
+    lines = ["| rollouts | " + " | ".join(methods) + " |", "|---:|" + "---:|" * len(methods)]
+    for p in points:
+        row = []
+        for m in methods:
+            sp = data["methods"][m]["splits"][split]
+            vals = sp["per_seed"].get(str(p))
+            row.append(stat(vals).fmt() if vals else "-")
+        lines.append(f"| {p} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def markdown(grid: Grid, data: dict, figures: list[str]) -> str:
+    prov = data["provenance"]
+    n_seeds = len(grid.seeds)
+    out = [f"# `lopd compare`: {grid.name}", "",
+           f"Held-out success of the student alone (greedy, no context), {n_seeds} seed(s) per method, every run "
+           f"under the same budget of {grid.budget} sampled trajectories, evaluated at the same budget points. "
+           f"Cells are mean ± std over seeds (in %). A method is called higher/lower than `{data['reference']}` "
+           f"only when the 95% confidence intervals of the means (Student t) do not overlap.", ""]
+    for f in figures:
+        out += [f"![{f}]({f})", ""]
+    out += ["## Summary", "", main_table(data), ""]
+    for split in data["splits"]:
+        out += [f"## Success (%) at each budget point: `{split}`", "", budget_table(data, split), ""]
+    ablations = {m: e for m, e in data["methods"].items() if e["ablation"]}
+    if ablations:
+        full = [m for m, e in data["methods"].items() if m.split("/")[0] == "lopd"]
+        out += ["## Ablations (final success, %)", "",
+                "| method | " + " | ".join(data["splits"]) + " |", "|---|" + "---:|" * len(data["splits"])]
+        for m in full + list(ablations):
+            e = data["methods"][m]
+            out.append(f"| {m} | " + " | ".join(stat(e["splits"][s]["final"]).fmt() if s in e["splits"] else "-"
+                                                 for s in data["splits"]) + " |")
+        out.append("")
+    out += ["## Transfer (final success, %)", "",
+            "Trained on the train split; `test` holds new requests to the same tools, other splits unseen tools "
+            "or another env.", "", "| method | " + " | ".join(data["splits"]) + " |", "|---|" + "---:|" * len(data["splits"])]
+    for m, e in data["methods"].items():
+        out.append(f"| {m} | " + " | ".join(stat(e["splits"][s]["final"]).fmt() if s in e["splits"] else "-"
+                                             for s in data["splits"]) + " |")
+    out += ["", "## Provenance", "", f"- command: `{prov['command']}`", f"- grid file: `{prov['grid_file']}`",
+            f"- machine: {prov['machine']}", f"- lopd commit: {prov['commit']}",
+            "- packages: " + ", ".join(f"{k} {v}" for k, v in prov["packages"].items()), "- runs (config sha256):"]
+    out += [f"  - `{run}`: {h}" for run, h in prov["config_hashes"].items()]
+    return "\n".join(out) + "\n"
+
+
+def provenance(grid: Grid, cells: list[Cell], command: str) -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    packages = {}
+    for name in ("lopd", "torch", "transformers", "peft", "sentence-transformers", "numpy"):
+        try:
+            packages[name] = version(name)
+        except PackageNotFoundError:
+            packages[name] = "not installed"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    except OSError:
+        commit = "unknown"
+    import os
+
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    hashes = {}
+    for c in cells:
+        cfg = c.path / "config.yaml"
+        hashes[str(c.path)] = hashlib.sha256(cfg.read_bytes()).hexdigest()[:16] if cfg.is_file() else "missing"
+    return {"command": command or " ".join(sys.argv), "grid_file": grid.source, "commit": commit,
+            "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, {gpu}, Python {platform.python_version()}",
+            "packages": packages, "config_hashes": hashes}
+
+
+def plot_grid(data: dict, root: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    splits = data["splits"]
+    fig, axes = plt.subplots(1, max(len(splits), 1), figsize=(5.5 * max(len(splits), 1), 4.2), squeeze=False,
+                             constrained_layout=True)
+    colors = plt.get_cmap("tab10")
+    for ax, split in zip(axes[0], splits):
+        for i, (m, e) in enumerate(data["methods"].items()):
+            sp = e["splits"].get(split)
+            if not sp or not sp["points"]:
+                continue
+            mean = [100 * v for v in sp["mean"]]
+            std = [100 * v for v in sp["std"]]
+            style = "--" if e["ablation"] else "-"
+            ax.plot(sp["points"], mean, style, marker="o", ms=3, color=colors(i % 10), label=m)
+            ax.fill_between(sp["points"], [a - b for a, b in zip(mean, std)], [a + b for a, b in zip(mean, std)],
+                            color=colors(i % 10), alpha=0.15, linewidth=0)
+        ax.set(title=f"held-out: {split}", xlabel="rollouts (sampled trajectories)", ylabel="success (%), mean ± std",
+               ylim=(0, 100))
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside right upper", fontsize=8)
+    fig.savefig(root / "curves.png", dpi=120)
+    plt.close(fig)
+    figures = ["curves.png"]
+    if _plot_diagnostics(data, root):
+        figures.append("diagnostics.png")
+    return figures
+
+
+def _plot_diagnostics(data: dict, root: Path) -> bool:
+    import matplotlib.pyplot as plt
+
+    runs = [(m, Path(r)) for m, e in data["methods"].items() for r in e["runs"]]
+    series = {(m, key): [] for m, _ in runs for key in DIAGNOSTICS}
+    for m, path in runs:
+        for key in DIAGNOSTICS:
+            pts = [(r["rollouts"], r[key]) for r in RunDir(path).read_metrics() if key in r]
+            if pts:
+                series[(m, key)].append(pts)
+    if not any(series.values()):
+        return False
+    fig, axes = plt.subplots(1, len(DIAGNOSTICS), figsize=(4.5 * len(DIAGNOSTICS), 3.8), constrained_layout=True)
+    titles = {"context/delta_success": "Δ on successes (nats/token)", "context/delta_failure": "Δ on failures (nats/token)",
+              "context/margin_violation": "margin violation rate", "context/lambda": "λ (margin weight)"}
+    colors = plt.get_cmap("tab10")
+    methods = list(data["methods"])
+    for ax, key in zip(axes, DIAGNOSTICS):
+        for m in methods:
+            for j, pts in enumerate(series.get((m, key), [])):
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, color=colors(methods.index(m) % 10), alpha=0.7, label=m if j == 0 else None)
+        ax.set(title=titles[key], xlabel="rollouts")
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside right upper", fontsize=8)
+    fig.savefig(root / "diagnostics.png", dpi=120)
+    plt.close(fig)
+    return True
