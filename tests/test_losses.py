@@ -126,3 +126,29 @@ def test_k2_monte_carlo_gradient_matches_exact(dists):
     (g,) = torch.autograd.grad(mc, theta)
     # standard error of this estimate is ~1e-3 here; 1e-2 fails if the estimator is biased
     torch.testing.assert_close(g, exact, atol=1e-2, rtol=0)
+
+
+def test_privileged_margin_hand_computed():
+    delta = torch.tensor([0.5, -0.2, 0.05, 0.3])
+    adv = torch.tensor([1.0, -1.0, 2.0, 0.0])  # the last trajectory's group had equal rewards
+    loss, slack = losses.privileged_margin(delta, adv, margin=0.1)
+    # slack = m - A * Delta = 0.1 - 0.5, 0.1 - 0.2, 0.1 - 0.1, 0.1 - 0
+    torch.testing.assert_close(slack, torch.tensor([-0.4, -0.1, 0.0, 0.1]))
+    assert loss.item() == pytest.approx(0.0)  # every active trajectory meets the margin
+    loss, _ = losses.privileged_margin(torch.tensor([0.0, 0.3, -0.1]), torch.tensor([1.0, -0.5, 1.0]), margin=0.2)
+    # hinge: max(0, 0.2 - 0) = 0.2, max(0, 0.2 + 0.15) = 0.35, max(0, 0.2 + 0.1) = 0.3 -> mean 0.85 / 3
+    assert loss.item() == pytest.approx(0.85 / 3)
+
+
+def test_privileged_margin_gradient_pushes_delta_with_the_advantage():
+    delta = torch.tensor([0.0, 0.0], requires_grad=True)
+    loss, _ = losses.privileged_margin(delta, torch.tensor([1.0, -1.0]), margin=0.1)
+    loss.backward()
+    # descending the loss raises Delta where A > 0 and lowers it where A < 0
+    assert delta.grad.tolist() == pytest.approx([-0.5, 0.5])
+
+
+def test_sequence_mean():
+    x = torch.tensor([[1.0, 3.0, 9.0], [2.0, 0.0, 0.0]])
+    m = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert losses.sequence_mean(x, m).tolist() == [2.0, 2.0]

@@ -77,3 +77,22 @@ def kl_sampled(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k2") ->
     if estimator == "k3":
         return torch.exp(-d) - 1 + d
     raise ValueError(f"sampled KL estimator '{estimator}' is not one of k1, k2, k3")
+
+
+def sequence_mean(per_token: Tensor, mask: Tensor) -> Tensor:
+    """Mean over each sequence's masked tokens.   [B, T] -> [B]"""
+    mask = mask.to(per_token.dtype)
+    return (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+def privileged_margin(delta: Tensor, advantages: Tensor, margin: float) -> tuple[Tensor, Tensor]:
+    """LOPD's hinge on the teacher's privilege, averaged over trajectories with a non-zero advantage.
+
+    delta: [B] Delta(y) = mean_t [log pi_T(y_t | z, x, y<t) - log pi_0(y_t | x, y<t)]; advantages: [B].
+        loss  = mean_{y: A != 0} max(0, m - A(y) * Delta(y))
+    Returns (loss, slack [B] = m - A * Delta). A group whose rewards are all equal (A = 0) says nothing
+    about better or worse and is left out.
+    """
+    slack = margin - advantages * delta  # [B]
+    active = (advantages != 0).to(delta.dtype)
+    return (torch.relu(slack) * active).sum() / active.sum().clamp(min=1), slack

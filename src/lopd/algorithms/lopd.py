@@ -194,12 +194,10 @@ class LOPD(Algorithm):
                             teacher.temperature, teacher.chunk)
         kl = losses.aggregate(token_divergence(student, scaled, d.estimator, topk=d.topk, alpha=d.alpha), mask, agg)
         # the privileged margin on Delta(y), per trajectory
-        n = mask.sum(-1).clamp(min=1)
-        delta = ((teacher.logprobs() - reference.logprobs().detach()) * mask).sum(-1) / n  # [B]
+        delta = losses.sequence_mean(teacher.logprobs() - reference.logprobs().detach(), mask)  # [B]
         adv = ctx.advantages.to(delta.device)
-        active = (adv != 0).to(delta.dtype)  # a group with equal rewards says nothing about better or worse
-        slack = c.margin - adv * delta  # [B]
-        margin = (torch.relu(slack) * active).sum() / active.sum().clamp(min=1)
+        margin, slack = losses.privileged_margin(delta, adv, c.margin)
+        active = (adv != 0).to(delta.dtype)
         loss = d.coef * kl + self.lam * margin
         self._constraint.append(float((slack.detach() * active).sum() / active.sum().clamp(min=1)))
         success = batch.success.to(delta.device)

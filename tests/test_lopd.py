@@ -1,0 +1,110 @@
+"""LOPD: gradient routing, collapse without the margin and its prevention, resume of bank/composer/lambda."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import small_overrides
+from lopd.algorithms import build_algorithm
+from lopd.config import load_config
+from lopd.models import FrozenView, load_policy, make_teacher, trainable_parameters
+from lopd.runs import RunDir
+from lopd.train import Timer, collect_rollouts, train, update
+
+
+def _lopd(toolworld, overrides=(), tmp_path=None):
+    cfg = load_config(None, ["algorithm.name=lopd", "rollout.tasks_per_step=4", "rollout.group_size=4",
+                             "rollout.max_new_tokens=40", *overrides])
+    torch.manual_seed(0)
+    model, tok = load_policy(cfg.model)
+    algo = build_algorithm(cfg)
+    reference = FrozenView(model)
+    teacher = make_teacher(model, cfg.algorithm.distill.teacher, cfg.algorithm.distill.ema_rate, reference)
+    run = RunDir(tmp_path) if tmp_path is not None else None
+    algo.setup(policy=model, tokenizer=tok, env=toolworld, run=run, reference=reference, teacher=teacher)
+    groups = [{"params": trainable_parameters(model), "lr": cfg.optim.lr}] + algo.param_groups()
+    opt = torch.optim.AdamW(groups)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    return cfg, model, tok, algo, reference, opt, sched
+
+
+def _mixed_batch(cfg, model, tok, env, tasks):
+    batch = collect_rollouts(model, tok, env, tasks, cfg, Timer())
+    batch.success = torch.tensor([True, False] * (len(batch) // 2))  # every group mixed: A != 0
+    batch.rewards = batch.success.float()
+    return batch
+
+
+def test_gradients_reach_the_composer_and_never_the_frozen_teacher(toolworld):
+    cfg, model, tok, algo, reference, opt, sched = _lopd(toolworld, ["algorithm.lopd.gate_init=0.5"])
+    tasks = list(toolworld.tasks("train")[:4])
+    frozen_before = {k: v.clone() for k, v in reference.model.state_dict().items()}
+    composer_before = {k: v.clone() for k, v in algo.composer.state_dict().items()}
+    student_before = [p.detach().clone() for p in model.parameters()]
+    batch = _mixed_batch(cfg, model, tok, toolworld, tasks)
+    algo.build_context(batch)  # first batch: fills the bank (nothing to retrieve yet)
+    batch = _mixed_batch(cfg, model, tok, toolworld, tasks)
+    ctx = algo.build_context(batch)
+    assert all(len(r) > 0 for r in ctx.retrieved)
+    update(model, algo, tok, opt, sched, batch, ctx, cfg)
+    assert all(p.grad is None for p in reference.model.parameters())
+    assert all(torch.equal(v, frozen_before[k]) for k, v in reference.model.state_dict().items())
+    changed = [k for k, v in algo.composer.state_dict().items() if not torch.equal(v, composer_before[k])]
+    assert "gate" in changed and any(k.startswith("layers.") for k in changed) and "queries" in changed
+    assert any(not torch.equal(a, b) for a, b in zip(student_before, model.parameters()))
+
+
+def _composer_only(toolworld, margin_coef: float, steps: int = 25):
+    """Train only the composer on one fixed batch (student frozen at the teacher's own weights)."""
+    cfg, model, tok, algo, reference, opt, sched = _lopd(
+        toolworld, ["optim.lr=0.0", "algorithm.lopd.composer_lr=3e-2", "algorithm.lopd.gate_init=1.0",
+                    f"algorithm.lopd.margin_coef={margin_coef}", "algorithm.lopd.margin=0.5"])
+    tasks = list(toolworld.tasks("train")[:4])
+    algo.build_context(_mixed_batch(cfg, model, tok, toolworld, tasks))
+    batch = _mixed_batch(cfg, model, tok, toolworld, tasks)
+    ctx = algo.build_context(batch)
+    history = []
+    for _ in range(steps):
+        metrics = update(model, algo, tok, opt, sched, batch, ctx, cfg)
+        history.append((metrics["context/delta_success"], metrics["context/delta_failure"]))
+    return history
+
+
+@pytest.fixture(scope="module")
+def collapse_runs(toolworld):
+    return _composer_only(toolworld, 0.0), _composer_only(toolworld, 5.0)
+
+
+def test_without_the_margin_the_context_collapses(collapse_runs):
+    free, _ = collapse_runs
+    start, end = free[0], free[-1]
+    # the cheapest way to lower KL(student || teacher) is to make the teacher copy the student: Delta -> 0
+    assert abs(end[0]) < 0.5 * abs(start[0]) and abs(end[0]) < 0.05
+    assert abs(end[1]) < 0.05
+
+
+def test_the_margin_keeps_the_privilege(collapse_runs):
+    free, constrained = collapse_runs
+    assert constrained[-1][0] > 0.2  # Delta on successes held above a bound (margin 0.5 nats/token)
+    assert constrained[-1][0] - constrained[-1][1] > 0.3  # and successes are favoured over failures
+    assert constrained[-1][0] > free[-1][0] + 0.2
+
+
+def test_resume_restores_bank_composer_and_lambda(tmp_path):
+    extra = {"algorithm.name": "lopd", "algorithm.lopd.dual_lr": 0.5, "algorithm.lopd.gate_init": 0.5,
+             "train.max_rollouts": 40}
+    full = train(load_config(None, small_overrides(tmp_path / "full", **extra)), quiet=True)
+    cfg = load_config(None, small_overrides(tmp_path / "stopped", **extra))
+    train(cfg, stop_after=3, quiet=True)
+    resumed = train(cfg, quiet=True)
+    a, b = RunDir(full), RunDir(resumed)
+    wa = load_file(a.latest_checkpoint() / "model" / "model.safetensors")
+    wb = load_file(b.latest_checkpoint() / "model" / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    sa = torch.load(a.latest_checkpoint() / "state.pt", weights_only=False)["algorithm"]
+    sb = torch.load(b.latest_checkpoint() / "state.pt", weights_only=False)["algorithm"]
+    assert sa["lambda"] == sb["lambda"] and sa["lambda"] != 1.0  # dual ascent moved it, identically
+    assert all(torch.equal(sa["composer"][k], sb["composer"][k]) for k in sa["composer"])
+    ea = (full / "bank" / "entries.jsonl").read_text()
+    eb = (resumed / "bank" / "entries.jsonl").read_text()
+    assert ea == eb  # the redone step's experiences were not stored twice
