@@ -73,7 +73,8 @@ def batches(examples, batch_size: int, rng: random.Random):
         yield ids, labels, mask
 
 
-def success_rate(model, tokenizer, env: ToolWorld, split: str, n: int, with_context: bool = False) -> float:
+def success_rate(model, tokenizer, env: ToolWorld, split: str, n: int, with_context: bool = False,
+                 show: int = 0) -> float:
     tasks = list(env.tasks(split))[:n]
     contexts = [None] * len(tasks)
     if with_context:  # two successful calls of the same tool (train split for test, transfer itself otherwise)
@@ -84,7 +85,10 @@ def success_rate(model, tokenizer, env: ToolWorld, split: str, n: int, with_cont
                                       if d.id != t.id][:2]) for t in tasks]
     prompts = [encode_prompt(tokenizer, t.messages, c) for t, c in zip(tasks, contexts)]
     out = sample(model, tokenizer, prompts, temperature=0.0, max_new_tokens=72, batch_size=100)
-    return sum(env.score(t, text).success for t, text in zip(tasks, out.texts)) / len(tasks)
+    scores = [env.score(t, text) for t, text in zip(tasks, out.texts)]
+    for t, text, sc in list(zip(tasks, out.texts, scores))[:show]:
+        print(f"  [{split}{'+ctx' if with_context else ''}] {text!r} -> {sc.feedback} (want {env.reference(t)})")
+    return sum(sc.success for sc in scores) / len(tasks)
 
 
 def main() -> None:
@@ -141,21 +145,24 @@ def main() -> None:
             if step % 50 == 0:
                 print(f"step {step} loss {loss.item():.4f} lr {sched.get_last_lr()[0]:.2e} ({time.time() - t0:.0f}s)", flush=True)
             if step % args.eval_every == 0 or step == args.steps:
-                row = {"step": step, **{f"{s}{'+ctx' if c else ''}": success_rate(model, tokenizer, env, s, 200, c)
+                row = {"step": step, **{f"{s}{'+ctx' if c else ''}": success_rate(model, tokenizer, env, s, 200, c, show=2)
                                         for s in ("test", "transfer") for c in (False, True)}}
                 log.append(row)
                 print(json.dumps(row), flush=True)
+                save(model, tokenizer, Path(args.out), args, log)
             if step >= args.steps:
                 break
 
-    out = Path(args.out)
+    print(f"saved to {args.out} ({time.time() - t0:.0f}s)")
+
+
+def save(model, tokenizer, out: Path, args, log) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / "training_log.json").write_text(json.dumps({"args": vars(args), "eval": log}, indent=1))
-    print(f"saved to {out} ({time.time() - t0:.0f}s)")
 
 
 class _Plain:

@@ -60,7 +60,7 @@ def test_yaml_errors_name_file_and_line(tmp_path):
 def test_every_key_has_help():
     rows = describe()
     assert len(rows) > 30
-    missing = [k for k, _, text in rows if not text and not k.startswith("env.toolworld.")]
+    missing = [k for k, _, text in rows if not text]
     assert not missing, missing
 
 

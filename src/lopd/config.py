@@ -279,25 +279,34 @@ def _explain(e: OmegaConfBaseException, source: str, yaml_path: Path | None = No
     return ConfigError(f"{where}: {message}" + (f" (key '{key}')" if key else ""))
 
 
+def _merge_file(cfg, path: Path, seen: tuple) -> DictConfig:
+    """Merge a YAML file into `cfg`; its `include: [files]` (relative to it) are merged first, in order."""
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: include cycle ({' -> '.join(str(p) for p in seen)})")
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{line}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file must be a mapping of sections, got {type(data).__name__}")
+    includes = data.pop("include", [])
+    for inc in [includes] if isinstance(includes, str) else includes:
+        cfg = _merge_file(cfg, path.parent / inc, seen + (path.resolve(),))
+    try:
+        return OmegaConf.merge(cfg, OmegaConf.create(data))
+    except OmegaConfBaseException as e:
+        raise _explain(e, str(path), path) from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> LopdConfig:
-    """Defaults <- YAML file <- dotted overrides, type-checked; returns the typed dataclass tree."""
+    """Defaults <- YAML file (after its includes) <- dotted overrides, type-checked; the typed tree."""
     cfg = OmegaConf.structured(LopdConfig)
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"{path}: no such config file")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            line = f":{mark.line + 1}" if mark else ""
-            raise ConfigError(f"{path}{line}: not valid YAML ({getattr(e, 'problem', e)})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: a config file must be a mapping of sections, got {type(data).__name__}")
-        try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.create(data))
-        except OmegaConfBaseException as e:
-            raise _explain(e, str(path), path) from None
+        cfg = _merge_file(cfg, Path(path), seen=())
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"command line: override '{item}' is not of the form key=value")
@@ -319,6 +328,27 @@ def to_dict(cfg: LopdConfig) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)  # type: ignore[return-value]
 
 
+def _comment_help(cls: type) -> dict[str, str]:
+    """Trailing `# comments` of a dataclass's fields (the env configs document their fields that way)."""
+    import inspect
+    import io
+    import tokenize
+
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    out, line_names = {}, {}
+    for i, line in enumerate(source.splitlines(), 1):
+        head = line.strip().split(":", 1)[0]
+        if head.isidentifier() and ":" in line:
+            line_names[i] = head
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT and tok.start[0] in line_names:
+            out[line_names[tok.start[0]]] = tok.string.lstrip("#").strip()
+    return out
+
+
 def describe(cls: type = LopdConfig, prefix: str = "") -> list[tuple[str, str, str]]:
     """(dotted key, default, help) for every leaf: what `lopd train --help` lists."""
     import typing
@@ -326,6 +356,7 @@ def describe(cls: type = LopdConfig, prefix: str = "") -> list[tuple[str, str, s
     rows = []
     hints = typing.get_type_hints(cls)
     instance = cls()
+    comments = _comment_help(cls)
     for f in fields(cls):
         value = getattr(instance, f.name)
         if is_dataclass(hints[f.name]):
@@ -333,7 +364,7 @@ def describe(cls: type = LopdConfig, prefix: str = "") -> list[tuple[str, str, s
         else:
             shown = value.value if isinstance(value, enum.Enum) else value
             choices = hints[f.name]
-            help_text = f.metadata.get("help", "")
+            help_text = f.metadata.get("help", "") or comments.get(f.name, "")
             if isinstance(choices, type) and issubclass(choices, enum.Enum):
                 help_text += f" [{'|'.join(c.value for c in choices)}]"
             rows.append((prefix + f.name, repr(shown), help_text))

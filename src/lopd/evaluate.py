@@ -24,9 +24,13 @@ class EvalResult:
     reward: float
     per_category: dict[str, tuple[int, float]] = field(default_factory=dict)  # category -> (n, success)
     samples: list[dict] = field(default_factory=list)  # a few tasks with their completion and verdict
+    modes: dict[str, float] = field(default_factory=dict)  # scoring mode -> success (envs with official/strict)
+    per_category_modes: dict[str, dict[str, float]] = field(default_factory=dict)  # mode -> category -> success
 
     def metrics(self) -> dict[str, float]:
-        return {f"eval/{self.split}/success": self.success, f"eval/{self.split}/reward": self.reward}
+        out = {f"eval/{self.split}/success": self.success, f"eval/{self.split}/reward": self.reward}
+        out.update({f"eval/{self.split}/success_{mode}": v for mode, v in self.modes.items()})
+        return out
 
 
 def evaluate(model, tokenizer, env: Env, split: str, *, max_tasks: int = 0, temperature: float = 0.0,
@@ -44,7 +48,18 @@ def evaluate(model, tokenizer, env: Env, split: str, *, max_tasks: int = 0, temp
     for t, s in zip(tasks, scores):
         groups[t.category].append(s.success)
     n = len(tasks)
-    return EvalResult(
+    modes: dict[str, float] = {}
+    per_mode: dict[str, dict[str, float]] = {}
+    if hasattr(env, "score_modes"):  # official and strict verdicts, reported side by side
+        verdicts = [env.score_modes(t, text) for t, text in zip(tasks, out.texts)]
+        for mode in verdicts[0] if verdicts else []:
+            modes[mode] = sum(v[mode].success for v in verdicts) / max(n, 1)
+            by_cat: dict[str, list[bool]] = defaultdict(list)
+            for t, v in zip(tasks, verdicts):
+                by_cat[t.category].append(v[mode].success)
+            per_mode[mode] = {c: sum(x) / len(x) for c, x in by_cat.items()}
+    return EvalResult(modes=modes, per_category_modes=per_mode,
+                      
         split=split, n=n,
         success=sum(s.success for s in scores) / max(n, 1),
         reward=sum(s.reward for s in scores) / max(n, 1),
@@ -54,15 +69,19 @@ def evaluate(model, tokenizer, env: Env, split: str, *, max_tasks: int = 0, temp
 
 
 def category_table(results: list[EvalResult]) -> str:
-    """Markdown table: one row per category, one column per split."""
+    """Markdown table: one row per category, one column per split (and per scoring mode, if several)."""
     cats = sorted({c for r in results for c in r.per_category})
-    head = "| category | " + " | ".join(f"{r.split} (n)" for r in results) + " |"
-    rows = [head, "|---|" + "---|" * len(results)]
+    columns = [(r, mode) for r in results for mode in (list(r.modes) or [None])]
+    head = "| category | " + " | ".join(f"{r.split}{f' {m}' if m else ''} % (n)" for r, m in columns) + " |"
+    rows = [head, "|---|" + "---:|" * len(columns)]
     for c in cats:
         cells = []
-        for r in results:
+        for r, mode in columns:
             n, s = r.per_category.get(c, (0, float("nan")))
+            if mode:
+                s = r.per_category_modes[mode].get(c, float("nan"))
             cells.append(f"{100 * s:.1f} ({n})" if n else "-")
         rows.append(f"| {c} | " + " | ".join(cells) + " |")
-    rows.append("| **all** | " + " | ".join(f"**{100 * r.success:.1f}** ({r.n})" for r in results) + " |")
+    rows.append("| **all** | " + " | ".join(f"**{100 * (r.modes[m] if m else r.success):.1f}** ({r.n})"
+                                        for r, m in columns) + " |")
     return "\n".join(rows)

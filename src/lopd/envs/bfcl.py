@@ -59,7 +59,7 @@ SPLITS = ("all", "train", "test")
 
 @dataclass
 class BFCLConfig:
-    categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
+    categories: list[str] = field(default_factory=lambda: list(CATEGORIES))  # the categories `all` and train/test draw from
     mode: str = "strict"  # official: BFCL's released checker's verdict; strict: that and exact values
     train_fraction: float = 0.5  # share of every category that goes to `train`, the rest to `test`
     seed: int = 0  # of the train/test split

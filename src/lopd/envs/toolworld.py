@@ -26,7 +26,7 @@ from typing import Any, Iterator, Sequence
 from lopd.envs.base import DataError, Score, Task, read_jsonl
 from lopd.envs.calls import Call, ParseFailure, parse_calls, render_calls
 from lopd.errors import ConfigError
-from lopd.prompts import context_examples, context_reference
+from lopd.prompts import context_examples, context_feedback, context_reference, context_skills, join_contexts
 from lopd.envs.toolworld_kinds import CATEGORIES, CODE_SETS, DOMAINS, KINDS, Domain, ParamSpec
 
 SYSTEM_PROMPT = "You call tools. Reply with exactly one call: tool_name(arg=value, ...).\nTools:"
@@ -37,10 +37,10 @@ REWARD_MODES = ("binary", "partial")
 
 @dataclass
 class ToolWorldConfig:
-    seed: int = 0
-    n_train: int = 2000
-    n_test: int = 200
-    n_transfer: int = 200
+    seed: int = 0  # generates tools, conventions and requests
+    n_train: int = 2000  # requests in `train`
+    n_test: int = 200  # new requests to the train tools, in `test`
+    n_transfer: int = 200  # requests to unseen tools, in `transfer`
     hidden_per_tool: int = 2  # at most this many parameters per tool leave their convention undocumented
     distractors: int = 1  # other tools shown next to the right one
     reward: str = "binary"  # binary: 1 if the call is right; partial: fraction of right arguments
@@ -121,15 +121,32 @@ def _leaves(params: Sequence[ToolParam]) -> Iterator[ToolParam]:
         yield from _leaves(p.fields)
 
 
+FIXED_NAMES = {d.tool_names[v] for d in DOMAINS for v in (POOLS["train"], POOLS["transfer"])}
+NAME_WORDS = ["new", "quick", "user", "api", "v2", "service", "smart", "my", "auto", "easy", "main", "tool"]
+
+
+def _sft_tool_name(domain: Domain, rng: random.Random) -> str:
+    """A fresh tool name for the supervised pool: recombined words, never a train/transfer tool's name,
+    so the policy learns to copy names from the schema instead of memorising them per domain."""
+    while True:
+        words = rng.choice(domain.tool_names).split("_")
+        if rng.random() < 0.7:
+            words.insert(rng.randrange(len(words) + 1), rng.choice(NAME_WORDS))
+        if rng.random() < 0.3:
+            rng.shuffle(words)
+        name = "_".join(words)
+        if name not in FIXED_NAMES:
+            return name
+
+
 def make_tool(domain: Domain, pool: str, rng: random.Random, hidden_per_tool: int) -> Tool:
     """One tool of `domain` with conventions drawn from `rng`; at most `hidden_per_tool` undocumented.
 
-    `train` and `transfer` tools use fixed name variants; `sft` tools mix the others at random."""
-    variant = POOLS[pool]
+    `train` and `transfer` tools use fixed name variants; `sft` tools get fresh names and mix the
+    parameter-name variants at random."""
     sft = pool == "sft"
+    variant = POOLS[pool]
     params = tuple(_make_param(s, rng, rng.randrange(4) if sft else variant) for s in domain.params)
-    if sft:
-        variant = rng.choice([2, 3])
     ambiguous = [p for p in _leaves(params) if p.ambiguous]
     hidden = {id(p) for p in rng.sample(ambiguous, min(hidden_per_tool, len(ambiguous)))}
 
@@ -137,7 +154,7 @@ def make_tool(domain: Domain, pool: str, rng: random.Random, hidden_per_tool: in
         documented = not p.ambiguous or id(p) not in hidden
         return ToolParam(p.name, p.spec, p.convention, documented, p.codes, tuple(settle(f) for f in p.fields))
 
-    name = domain.tool_names[variant % len(domain.tool_names)]
+    name = _sft_tool_name(domain, rng) if sft else domain.tool_names[variant]
     return Tool(name, domain, tuple(settle(p) for p in params))
 
 
@@ -401,14 +418,25 @@ def check_calls(calls: list[Call], answer: list[dict], tools: list[dict], reward
 # ---------------------------------------------------------------------------- SFT corpus
 
 
+def _wrong_attempt(tool: Tool, call: Call, rng: random.Random) -> Call:
+    """Another request's call to the same tool: a plausible attempt with wrong values."""
+    for _ in range(10):
+        _, other = make_request(tool, rng)
+        if other != call:
+            return other
+    return Call(call.name, {})
+
+
 def sft_examples(n: int, seed: int = 0, hidden_per_tool: int = 2, distractors: int = 1,
                  p_context: float = 0.5) -> Iterator[tuple[tuple[dict, ...], str, str | None]]:
     """(messages, target call, context) for supervised training of the tiny policy.
 
     Tools come from the `sft` pool and are re-drawn for every example, so conventions are random per
     example: the policy learns the format and to copy documented conventions, not any tool's hidden
-    ones. With probability `p_context` the example carries a context (earlier successful calls of the
-    same tool, or the reference answer) that agrees with the target: the policy learns to use one.
+    ones. With probability `p_context` the example carries a privileged context that agrees with the
+    target, in one of the formats the algorithms use (`lopd.prompts`): the reference answer (OPSD),
+    earlier successful calls (retrieved experiences as text), skills (Skill-SD), or the feedback on a
+    wrong attempt plus a successful one (SDPO). The policy learns to read each; the teacher needs that.
     """
     rng = random.Random(f"toolworld/{seed}/sft")
     domains = list(DOMAINS)
@@ -421,11 +449,20 @@ def sft_examples(n: int, seed: int = 0, hidden_per_tool: int = 2, distractors: i
         request, call = make_request(tool, rng)
         context = None
         if rng.random() < p_context:
-            if rng.random() < 0.25:
+            kind = rng.random()
+            demos = [make_request(tool, rng) for _ in range(rng.randint(1, 3))]
+            if rng.random() < 0.5:  # a demonstration of another tool, to be ignored
+                demos.insert(rng.randrange(len(demos) + 1), make_request(rng.choice(others), rng))
+            if kind < 0.2:
                 context = context_reference(call.render())
-            else:
-                demos = [make_request(tool, rng) for _ in range(rng.randint(1, 3))]
-                if rng.random() < 0.5:  # a demonstration of another tool, to be ignored
-                    demos.insert(rng.randrange(len(demos) + 1), make_request(rng.choice(others), rng))
+            elif kind < 0.6:
                 context = context_examples([(r, c.render()) for r, c in demos])
+            elif kind < 0.8:
+                context = context_skills([c.render() for _, c in demos])
+            else:
+                attempt = _wrong_attempt(tool, call, rng)
+                verdict = check_calls([attempt], [{"name": call.name, "arguments": call.arguments}],
+                                      [t.schema() for t in shown])
+                context = join_contexts(context_feedback(verdict.feedback, attempt.render()),
+                                        context_examples([(r, c.render()) for r, c in demos[:1]]))
         yield task_messages([t.schema() for t in shown], request), call.render(), context
