@@ -133,21 +133,19 @@ def cmd_compare(args) -> int:
 def cmd_demo(args) -> int:
     import shutil
 
-    from lopd.report import success_table
-    from lopd.runs import RunDir
-    from lopd.train import train
+    from lopd.compare import load_grid, run_grid
+    from lopd.grid_report import main_table, summarise, write_grid_report
 
-    out = Path(args.out)
-    if args.fresh and out.exists():
-        shutil.rmtree(out)
-    cfg = load_config(CONFIG_DIR / "demo.yaml", args.overrides + [f"run.dir={out}"])
-    if RunDir(out).exists():
-        cfg = load_config(RunDir(out).config_path, args.overrides + [f"run.dir={out}"])
-    print(f"lopd demo: {cfg.algorithm.name} on {cfg.env.name} with the '{cfg.model.name}' policy, "
-          f"{cfg.train.max_rollouts} rollouts -> {out}")
-    path = train(cfg)
-    print(success_table(RunDir(path).read_metrics()))
-    print(f"\nreport: {path / 'report.md'}\ncurves: {path / 'curves.png'}")
+    grid = load_grid(CONFIG_DIR / "compare_demo.yaml", args.grid_overrides + [f"out={args.out}"])
+    if args.fresh and grid.root.exists():
+        shutil.rmtree(grid.root)
+    print(f"lopd demo: {', '.join(m.name for m in grid.methods)} on ToolWorld with the bundled tiny policy, "
+          f"{grid.budget} rollouts each, {len(grid.seeds)} seed(s), {grid.workers} runs at a time -> {grid.root}")
+    cells = run_grid(grid)
+    report = write_grid_report(grid, cells, command="lopd " + " ".join(sys.argv[1:]))
+    print("\nHeld-out success (%, greedy, student alone) after the budget; AUC = mean success over the budget:\n")
+    print(main_table(summarise(grid, cells)))
+    print(f"\nreport: {report}\nfigure: {report.parent / 'curves.png'}")
     return 0
 
 
@@ -189,14 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("grid_overrides", nargs="*", metavar="key=value", help="top-level grid keys, e.g. seeds=[0,1]")
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("demo", help="train on the bundled task with the bundled policy and report",
-                       description="The showcase: trains the bundled tiny policy on ToolWorld under the demo "
-                                   "budget, writes runs/demo (config, metrics, TensorBoard, report.md, curves.png) "
-                                   "and prints held-out success against rollouts. Re-running resumes or just "
-                                   "re-prints a finished demo.")
-    p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")
-    p.add_argument("--fresh", action="store_true", help="delete the run directory first")
-    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p = sub.add_parser("demo", help="LOPD against GRPO and the self-distillation baselines on the bundled task",
+                       description="The showcase: trains the bundled tiny policy on ToolWorld with GRPO, OPSD, SDPO, "
+                                   "Skill-SD and LOPD under one rollout budget (configs/compare_demo.yaml), writes "
+                                   "runs/demo (one run directory per method, report.md, report.json, curves.png) "
+                                   "and prints the comparison table. Re-running resumes or just re-prints.")
+    p.add_argument("--out", default="runs/demo", help="grid directory (default: runs/demo)")
+    p.add_argument("--fresh", action="store_true", help="delete the grid directory first")
+    p.add_argument("grid_overrides", nargs="*", metavar="key=value", help="grid keys, e.g. budget=512 seeds=[0,1]")
     p.set_defaults(func=cmd_demo)
     return parser
 

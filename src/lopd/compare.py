@@ -151,26 +151,7 @@ def run_overrides(grid: Grid, cell: Cell) -> list[str]:
 
 def run_config(grid: Grid, cell: Cell):
     """The run's config: base file <- method file <- grid and method overrides <- the grid's fixed keys."""
-    from omegaconf import OmegaConf
-
-    from lopd.config import LopdConfig
-
-    merged = OmegaConf.structured(LopdConfig)
-    for source in (grid.base, cell.method.config):
-        if source:
-            merged = OmegaConf.merge(merged, OmegaConf.structured(load_config(source)))
-    tmp = OmegaConf.to_yaml(merged)
-    return load_config(_yaml_tmp(tmp), run_overrides(grid, cell))
-
-
-def _yaml_tmp(text: str) -> Path:
-    import hashlib
-    import tempfile
-
-    path = Path(tempfile.gettempdir()) / f"lopd-grid-{hashlib.sha1(text.encode()).hexdigest()[:16]}.yaml"
-    if not path.exists():
-        path.write_text(text)
-    return path
+    return load_config([grid.base, cell.method.config], run_overrides(grid, cell))
 
 
 def is_finished(grid: Grid, cell: Cell) -> bool:

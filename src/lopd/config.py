@@ -302,11 +302,12 @@ def _merge_file(cfg, path: Path, seen: tuple) -> DictConfig:
         raise _explain(e, str(path), path) from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> LopdConfig:
-    """Defaults <- YAML file (after its includes) <- dotted overrides, type-checked; the typed tree."""
+def load_config(path: str | Path | list | None = None, overrides: list[str] | None = None) -> LopdConfig:
+    """Defaults <- YAML file(s) (each after its includes, in order) <- dotted overrides, type-checked."""
     cfg = OmegaConf.structured(LopdConfig)
-    if path is not None:
-        cfg = _merge_file(cfg, Path(path), seen=())
+    for p in path if isinstance(path, list) else [path]:
+        if p is not None:
+            cfg = _merge_file(cfg, Path(p), seen=())
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"command line: override '{item}' is not of the form key=value")

@@ -1,0 +1,102 @@
+"""`lopd compare` end to end: a 2-method x 2-seed grid through the CLI, resume, report = metrics.jsonl."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lopd.compare import cells, is_finished, load_grid
+from lopd.errors import ConfigError
+from lopd.grid_report import stat
+from lopd.runs import RunDir
+
+GRID = """
+name: tiny_grid
+out: {out}
+budget: 16
+eval_every: 8
+seeds: [0, 1]
+base: {configs}/grpo.yaml
+overrides: [rollout.tasks_per_step=2, rollout.group_size=4, rollout.max_new_tokens=40, eval.max_tasks=4,
+            env.toolworld.n_train=40, env.toolworld.n_test=8, env.toolworld.n_transfer=8, optim.lr=1e-3]
+methods:
+  grpo: {{}}
+  opsd: {{config: {configs}/opsd.yaml}}
+"""
+
+
+@pytest.fixture
+def grid_file(tmp_path):
+    from lopd.cli import CONFIG_DIR
+
+    path = tmp_path / "grid.yaml"
+    path.write_text(GRID.format(out=tmp_path / "runs", configs=CONFIG_DIR))
+    return path
+
+
+def _compare(grid_file, *extra):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "lopd.cli", "compare", "--config", str(grid_file), *extra],
+                          capture_output=True, text=True, env=env, timeout=900)
+
+
+def test_grid_end_to_end_resume_and_report_equals_metrics(grid_file, tmp_path):
+    grid = load_grid(grid_file)
+    all_cells = cells(grid)
+    assert len(all_cells) == 4
+    # a half-finished grid: one run already complete, before the CLI ever runs
+    from lopd.compare import run_config
+    from lopd.train import train
+
+    train(run_config(grid, all_cells[0]), quiet=True)
+    done_mtime = (all_cells[0].path / "metrics.jsonl").stat().st_mtime
+    out = _compare(grid_file)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "1 already finished" in out.stdout
+    assert (all_cells[0].path / "metrics.jsonl").stat().st_mtime == done_mtime  # not redone
+    assert all(is_finished(grid, c) for c in all_cells)
+    root = tmp_path / "runs"
+    for name in ("report.md", "report.json", "curves.png"):
+        assert (root / name).is_file()
+    report = json.loads((root / "report.json").read_text())
+    # every reported number is what the runs' metrics.jsonl hold
+    for method, entry in report["methods"].items():
+        runs = [RunDir(p) for p in entry["runs"]]
+        for split, s in entry["splits"].items():
+            for point in s["points"]:
+                truth = [next(r[f"eval/{split}/success"] for r in run.read_metrics()
+                              if r["rollouts"] == point and f"eval/{split}/success" in r) for run in runs]
+                assert s["per_seed"][str(point)] == truth
+                assert s["mean"][s["points"].index(point)] == pytest.approx(stat(truth).mean)
+            assert s["final"] == s["per_seed"][str(s["points"][-1])]
+    assert "| grpo |" in (root / "report.md").read_text()
+    # a second call finds everything finished and only rewrites the report
+    again = _compare(grid_file)
+    assert again.returncode == 0 and "4 already finished" in again.stdout
+
+
+def test_bad_grid_files_are_clear(tmp_path):
+    path = tmp_path / "g.yaml"
+    path.write_text("name: x\nbudget: 8\nseeds: [0]\nmethods: {grpo: {confg: a.yaml}}\n")
+    with pytest.raises(ConfigError, match="method 'grpo': unknown key"):
+        load_grid(path)
+    path.write_text("name: x\nbudget: 8\nseeds: [0]\nmethods: {grpo: {overrides: [train.nope=1]}}\n")
+    with pytest.raises(ConfigError, match="train.nope"):
+        load_grid(path)
+    path.write_text("name: x\nseeds: [0]\nmethods: {grpo: {}}\n")
+    with pytest.raises(ConfigError, match="missing grid key 'budget'"):
+        load_grid(path)
+
+
+def test_stat_intervals_and_verdicts():
+    from lopd.grid_report import compare_stats
+
+    s = stat([0.5, 0.6, 0.7])
+    assert s.mean == pytest.approx(0.6) and s.std == pytest.approx(0.1)
+    half = 4.302652729911275 * 0.1 / 3 ** 0.5  # t(0.975, 2) * std / sqrt(n)
+    assert s.low == pytest.approx(0.6 - half) and s.high == pytest.approx(0.6 + half)
+    assert compare_stats(stat([0.9, 0.91, 0.92]), stat([0.1, 0.11, 0.12])) == "higher"
+    assert compare_stats(stat([0.5, 0.6, 0.7]), stat([0.55, 0.65, 0.6])) == "no clear difference"
+    assert compare_stats(stat([0.5]), stat([0.1])) == "too few seeds"
