@@ -97,6 +97,7 @@ class RolloutConfig:
     top_p: float = _help("nucleus sampling threshold (1 = off)", 1.0)
     max_new_tokens: int = _help("longest completion", 64)
     batch_size: int = _help("sequences generated at once", 128)
+    max_turns: int = _help("assistant turns per episode in multi-turn envs", 4)
 
 
 @dataclass

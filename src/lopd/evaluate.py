@@ -13,7 +13,7 @@ import torch
 
 from lopd.envs.base import Env
 from lopd.prompts import encode_prompt
-from lopd.rollout import sample
+from lopd.rollout import sample, sample_episodes
 
 
 @dataclass
@@ -34,23 +34,27 @@ class EvalResult:
 
 
 def evaluate(model, tokenizer, env: Env, split: str, *, max_tasks: int = 0, temperature: float = 0.0,
-             max_new_tokens: int = 64, batch_size: int = 128, seed: int = 0, keep_samples: int = 20) -> EvalResult:
+             max_new_tokens: int = 64, batch_size: int = 128, seed: int = 0, keep_samples: int = 20,
+             max_turns: int = 4) -> EvalResult:
     tasks = list(env.tasks(split))
     if max_tasks:
         tasks = tasks[:max_tasks]
-    prompts = [encode_prompt(tokenizer, t.messages) for t in tasks]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        out = sample(model, tokenizer, prompts, temperature=temperature, max_new_tokens=max_new_tokens,
-                     batch_size=batch_size)
-    scores = [env.score(t, text) for t, text in zip(tasks, out.texts)]
+        kw = dict(temperature=temperature, max_new_tokens=max_new_tokens, batch_size=batch_size)
+        if hasattr(env, "step"):  # multi-turn: the env answers until the episode ends
+            out, episodes = sample_episodes(model, tokenizer, env, tasks, max_turns=max_turns, **kw)
+            scores = [env.score_episode(t, h) for t, h in zip(tasks, episodes)]
+        else:
+            out = sample(model, tokenizer, [encode_prompt(tokenizer, t.messages) for t in tasks], **kw)
+            scores = [env.score(t, text) for t, text in zip(tasks, out.texts)]
     groups: dict[str, list[bool]] = defaultdict(list)
     for t, s in zip(tasks, scores):
         groups[t.category].append(s.success)
     n = len(tasks)
     modes: dict[str, float] = {}
     per_mode: dict[str, dict[str, float]] = {}
-    if hasattr(env, "score_modes"):  # official and strict verdicts, reported side by side
+    if hasattr(env, "score_modes") and not hasattr(env, "step"):  # official and strict verdicts, side by side
         verdicts = [env.score_modes(t, text) for t, text in zip(tasks, out.texts)]
         for mode in verdicts[0] if verdicts else []:
             modes[mode] = sum(v[mode].success for v in verdicts) / max(n, 1)

@@ -6,7 +6,9 @@ the first EOS. The sampler's log-probs are log softmax(logits / temperature) at 
 the untruncated distribution, which is exactly what `tokens.completion_logprobs` recomputes at the
 same temperature, so the importance ratio of an un-updated policy is 1.
 
-`rollout` samples G completions per task, scores them with the env, and returns a `RolloutBatch`.
+`collect` samples G trajectories per task, scores them with the env, and returns a `RolloutBatch`;
+for envs with a `step` method, `sample_episodes` runs multi-turn episodes (tool results and user turns
+fed back as observations, masked from every loss).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Sequence
 import torch
 
 from lopd.envs.base import Env, Task
-from lopd.prompts import encode_prompt
+from lopd.prompts import encode_prompt, prompt_text
 
 
 @dataclass
@@ -29,10 +31,17 @@ class Samples:
     sampler_logprobs: torch.Tensor  # [B, C] log pi(y_t | prefix) at the sampling temperature; 0 on pads
     texts: list[str]
     truncated: torch.Tensor  # [B] bool: stopped by max_new_tokens, not by EOS
+    # [B, C] tokens the model attends to: the trained ones plus, in multi-turn episodes, the observations
+    # (tool results, user turns) between them, which are context but never trained on. None = completion_mask.
+    completion_attention: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
         return int(self.completion_mask.sum())
+
+    @property
+    def attention(self) -> torch.Tensor:
+        return self.completion_mask if self.completion_attention is None else self.completion_attention
 
 
 @dataclass
@@ -47,13 +56,16 @@ class RolloutBatch(Samples):
         return len(self.texts)
 
     def trimmed(self) -> "RolloutBatch":
-        """Drop prompt columns that are padding in every row, and completion columns after every EOS."""
+        """Drop prompt columns that are padding in every row, and completion columns after every end."""
         first = int(self.prompt_mask.any(0).long().argmax()) if self.prompt_mask.any() else 0
-        last = int(self.completion_mask.sum(-1).max()) if len(self) else 0
+        used = self.attention.any(0).nonzero()
+        last = int(used[-1]) + 1 if len(used) else 0
         out = RolloutBatch(**{k: getattr(self, k) for k in self.__dataclass_fields__})
         out.prompt_ids, out.prompt_mask = self.prompt_ids[:, first:], self.prompt_mask[:, first:]
         out.completion_ids, out.completion_mask = self.completion_ids[:, :last], self.completion_mask[:, :last]
         out.sampler_logprobs = self.sampler_logprobs[:, :last]
+        if self.completion_attention is not None:
+            out.completion_attention = self.completion_attention[:, :last]
         return out
 
     def select(self, index: torch.Tensor) -> "RolloutBatch":
@@ -63,7 +75,9 @@ class RolloutBatch(Samples):
             prompt_ids=self.prompt_ids[index], prompt_mask=self.prompt_mask[index],
             completion_ids=self.completion_ids[index], completion_mask=self.completion_mask[index],
             sampler_logprobs=self.sampler_logprobs[index], texts=[self.texts[i] for i in idx],
-            truncated=self.truncated[index], tasks=[self.tasks[i] for i in idx], group=self.group[index],
+            truncated=self.truncated[index],
+            completion_attention=None if self.completion_attention is None else self.completion_attention[index],
+            tasks=[self.tasks[i] for i in idx], group=self.group[index],
             rewards=self.rewards[index], success=self.success[index], feedback=[self.feedback[i] for i in idx])
 
 
@@ -142,17 +156,96 @@ def _concat(chunks: list[Samples], pad: int) -> Samples:
         truncated=torch.cat([c.truncated for c in chunks]))
 
 
-def rollout(model, tokenizer, env: Env, tasks: Sequence[Task], *, group_size: int, temperature: float = 1.0,
-            top_p: float = 1.0, max_new_tokens: int = 64, batch_size: int = 128) -> RolloutBatch:
-    """G trajectories per task, sampled from the policy and scored by the env."""
+def sample_episodes(model, tokenizer, env: Env, tasks: Sequence[Task], *, max_turns: int, temperature: float = 1.0,
+                    top_p: float = 1.0, max_new_tokens: int = 64, batch_size: int = 128) -> tuple[Samples, list[list[dict]]]:
+    """Multi-turn episodes: the policy speaks, the env answers (`env.step`), until the env ends the
+    episode or `max_turns` assistant turns are spent. Returns one token sequence per episode:
+
+        prompt | assistant turn 1 | observation 1 | assistant turn 2 | ...
+
+    `completion_mask` is 1 on assistant tokens only; observations are in `completion_attention` (read
+    as context, never trained on). Observation tokens are the chat template's own rendering of the new
+    messages, appended to exactly the text rendered so far, so the student and a teacher re-scoring the
+    whole interaction see the same tokens. Also returns each episode's messages.
+    """
+    n = len(tasks)
     prompts = [encode_prompt(tokenizer, t.messages) for t in tasks]
-    repeated = [p for p in prompts for _ in range(group_size)]
-    s = sample(model, tokenizer, repeated, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-               batch_size=batch_size)
-    owners = [t for t in tasks for _ in range(group_size)]
-    scores = [env.score(t, text) for t, text in zip(owners, s.texts)]
-    return RolloutBatch(**vars(s), tasks=owners,
-                        group=torch.arange(len(tasks)).repeat_interleave(group_size),
+    history = [list(t.messages) for t in tasks]
+    rendered = [prompt_text(tokenizer, t.messages) for t in tasks]
+    ids: list[list[int]] = [[] for _ in range(n)]
+    trained: list[list[int]] = [[] for _ in range(n)]
+    logp: list[list[float]] = [[] for _ in range(n)]
+    truncated = [False] * n
+    active = list(range(n))
+    for _ in range(max_turns):
+        if not active:
+            break
+        s = sample(model, tokenizer, [prompts[i] + ids[i] for i in active], temperature=temperature, top_p=top_p,
+                   max_new_tokens=max_new_tokens, batch_size=batch_size)
+        still = []
+        for j, i in enumerate(active):
+            k = int(s.completion_mask[j].sum())
+            turn = s.completion_ids[j, :k].tolist()
+            ids[i] += turn
+            trained[i] += [1] * k
+            logp[i] += s.sampler_logprobs[j, :k].tolist()
+            history[i].append({"role": "assistant", "content": s.texts[j]})
+            rendered[i] += tokenizer.decode(turn, skip_special_tokens=False)
+            if bool(s.truncated[j]):
+                truncated[i] = True
+                continue
+            observation = env.step(tasks[i], history[i])
+            if not observation:
+                continue
+            history[i] += observation
+            full = prompt_text(tokenizer, history[i])
+            if not full.startswith(rendered[i]):
+                raise ValueError("the chat template does not render a conversation as a prefix of its continuation; "
+                                 "multi-turn episodes need one that does (e.g. ChatML)")
+            obs = tokenizer(full[len(rendered[i]):], add_special_tokens=False)["input_ids"]
+            ids[i] += obs
+            trained[i] += [0] * len(obs)
+            logp[i] += [0.0] * len(obs)
+            rendered[i] = full
+            still.append(i)
+        active = still
+    pad = tokenizer.pad_token_id
+    P, C = max(map(len, prompts)), max(max(map(len, ids)), 1)
+    prompt_ids, prompt_mask = left_pad(prompts, pad)
+    out = Samples(prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+                  completion_ids=torch.full((n, C), pad, dtype=torch.long),
+                  completion_mask=torch.zeros(n, C, dtype=torch.long), sampler_logprobs=torch.zeros(n, C),
+                  texts=[tokenizer.decode(x, skip_special_tokens=True) for x in ids],
+                  truncated=torch.tensor(truncated), completion_attention=torch.zeros(n, C, dtype=torch.long))
+    for i in range(n):
+        L = len(ids[i])
+        out.completion_ids[i, :L] = torch.tensor(ids[i], dtype=torch.long)
+        out.completion_mask[i, :L] = torch.tensor(trained[i], dtype=torch.long)
+        out.sampler_logprobs[i, :L] = torch.tensor(logp[i])
+        out.completion_attention[i, :L] = 1
+    assert out.prompt_ids.shape[1] == P
+    return out, history
+
+
+def collect(model, tokenizer, env: Env, tasks: Sequence[Task], cfg, timer=None) -> RolloutBatch:
+    """G trajectories per task (`cfg` is a RolloutConfig), sampled from the policy and scored by the env.
+    Envs with a `step` method run as multi-turn episodes; the others answer in one completion."""
+    from contextlib import nullcontext
+
+    phase = timer or (lambda name: nullcontext())
+    owners = [t for t in tasks for _ in range(cfg.group_size)]
+    kw = dict(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
+    with phase("rollout"):
+        if hasattr(env, "step"):
+            s, episodes = sample_episodes(model, tokenizer, env, owners, max_turns=cfg.max_turns, **kw)
+        else:
+            prompts = [encode_prompt(tokenizer, t.messages) for t in tasks]
+            s, episodes = sample(model, tokenizer, [p for p in prompts for _ in range(cfg.group_size)], **kw), None
+    with phase("score"):
+        if episodes is not None:
+            scores = [env.score_episode(t, h) for t, h in zip(owners, episodes)]
+        else:
+            scores = [env.score(t, text) for t, text in zip(owners, s.texts)]
+    return RolloutBatch(**vars(s), tasks=owners, group=torch.arange(len(tasks)).repeat_interleave(cfg.group_size),
                         rewards=torch.tensor([sc.reward for sc in scores], dtype=torch.float32),
-                        success=torch.tensor([sc.success for sc in scores]),
-                        feedback=[sc.feedback for sc in scores])
+                        success=torch.tensor([sc.success for sc in scores]), feedback=[sc.feedback for sc in scores])

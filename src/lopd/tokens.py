@@ -97,18 +97,21 @@ class TokenStats:
 
 
 def score_completions(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
-                      completion_mask: Tensor, *, temperature: float = 1.0, prefix_embeds: Tensor | None = None,
-                      chunk: int = DEFAULT_CHUNK) -> TokenStats:
+                      completion_mask: Tensor, *, completion_attention: Tensor | None = None, temperature: float = 1.0,
+                      prefix_embeds: Tensor | None = None, chunk: int = DEFAULT_CHUNK) -> TokenStats:
     """One forward over [prefix ; prompt ; completion]; stats at the completion positions.
 
     prompt_ids/mask: [B, P] left-padded; completion_ids/mask: [B, T] right-padded;
+    completion_attention: [B, T] tokens attended to (default completion_mask); in multi-turn episodes it
+        also covers the observations, which completion_mask (the trained tokens) leaves out.
     prefix_embeds: [B, K, H] optional continuous tokens placed before the prompt (LOPD's latents).
     Teacher position t and student position t predict the same completion token whatever the prefix.
     """
     decoder, head = decoder_and_head(model)
     device = next(model.parameters()).device
     ids = torch.cat([prompt_ids, completion_ids], dim=1).to(device)  # [B, P+T]
-    mask = torch.cat([prompt_mask, completion_mask], dim=1).to(device)  # [B, P+T]
+    attend = completion_mask if completion_attention is None else completion_attention
+    mask = torch.cat([prompt_mask, attend], dim=1).to(device)  # [B, P+T]
     embeds = decoder.get_input_embeddings()(ids)  # [B, P+T, H]
     K = 0
     if prefix_embeds is not None:

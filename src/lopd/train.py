@@ -33,7 +33,7 @@ from lopd.errors import ConfigError
 from lopd.evaluate import evaluate
 from lopd.models import FrozenView, load_policy, make_teacher, trainable_parameters
 from lopd.prompts import encode_prompt
-from lopd.rollout import RolloutBatch, left_pad, sample
+from lopd.rollout import RolloutBatch, collect, left_pad
 from lopd.runs import RunDir, seed_everything
 from lopd.tokens import score_completions
 
@@ -78,17 +78,7 @@ def tasks_for_step(tasks: Sequence[Task], step: int, per_step: int, seed: int) -
 
 
 def collect_rollouts(model, tokenizer, env: Env, tasks: Sequence[Task], cfg: LopdConfig, timer: Timer) -> RolloutBatch:
-    r = cfg.rollout
-    with timer("rollout"):
-        prompts = [encode_prompt(tokenizer, t.messages) for t in tasks]
-        s = sample(model, tokenizer, [p for p in prompts for _ in range(r.group_size)], temperature=r.temperature,
-                   top_p=r.top_p, max_new_tokens=r.max_new_tokens, batch_size=r.batch_size)
-    with timer("score"):
-        owners = [t for t in tasks for _ in range(r.group_size)]
-        scores = [env.score(t, text) for t, text in zip(owners, s.texts)]
-    return RolloutBatch(**vars(s), tasks=owners, group=torch.arange(len(tasks)).repeat_interleave(r.group_size),
-                        rewards=torch.tensor([sc.reward for sc in scores], dtype=torch.float32),
-                        success=torch.tensor([sc.success for sc in scores]), feedback=[sc.feedback for sc in scores])
+    return collect(model, tokenizer, env, tasks, cfg.rollout, timer)
 
 
 def teacher_stats(teacher, tokenizer, batch: RolloutBatch, contexts: list[str | None] | None, temperature: float,
@@ -102,7 +92,8 @@ def teacher_stats(teacher, tokenizer, batch: RolloutBatch, contexts: list[str | 
         ids, mask = left_pad(prompts, tokenizer.pad_token_id)
     with teacher.active() as model:
         stats = score_completions(model, ids, mask, batch.completion_ids, batch.completion_mask,
-                                  temperature=temperature, prefix_embeds=prefix)
+                                  completion_attention=batch.completion_attention, temperature=temperature,
+                                  prefix_embeds=prefix)
     return stats.weights_detached()  # the head is evaluated later, outside `active()`
 
 
@@ -120,7 +111,8 @@ def update(model, algorithm: Algorithm, tokenizer, optimizer, scheduler, batch: 
             for micro in mb_index.split(t.micro_batch_size):
                 mb, mctx = batch.select(micro).trimmed(), ctx.select(micro)
                 student = score_completions(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
-                                            mb.completion_mask, temperature=temp)
+                                            mb.completion_mask, completion_attention=mb.completion_attention,
+                                            temperature=temp)
                 reference = teacher = None
                 if algorithm.uses_reference:
                     with torch.no_grad():
@@ -225,7 +217,7 @@ def train(cfg: LopdConfig, *, stop_after: int | None = None, quiet: bool = False
             for split in cfg.env.eval_splits:
                 result = evaluate(model, tokenizer, env, split, max_tasks=cfg.eval.max_tasks,
                                   temperature=cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
-                                  batch_size=cfg.eval.batch_size, seed=cfg.train.seed)
+                                  batch_size=cfg.eval.batch_size, seed=cfg.train.seed, max_turns=cfg.rollout.max_turns)
                 out.update(result.metrics())
                 state.best[split] = max(state.best.get(split, 0.0), result.success)
                 (run.path / "samples").mkdir(exist_ok=True)

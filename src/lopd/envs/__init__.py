@@ -7,10 +7,12 @@ from lopd.envs.acebench import ACEBench
 from lopd.envs.bfcl import BFCL
 from lopd.envs.humaneval import HumanEval
 from lopd.envs.toolworld import ToolWorld
+from lopd.envs.toolworld_episodes import ToolWorldEpisodes
 from lopd.errors import ConfigError
 
 ENVS = {
     "toolworld": lambda cfg: ToolWorld(cfg.toolworld),
+    "toolworld_episodes": lambda cfg: ToolWorldEpisodes(cfg.toolworld),
     "bfcl": lambda cfg: BFCL(cfg.bfcl),
     "acebench": lambda cfg: ACEBench(cfg.acebench),
     "humaneval": lambda cfg: HumanEval(cfg.humaneval),
