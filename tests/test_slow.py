@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 SMOKE = ["model.name=smollm2-135m", "model.dtype=float32", "train.device=cpu", "model.lora.enabled=true",
          "model.lora.r=4", "rollout.tasks_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=48",
          "train.max_rollouts=8", "train.micro_batch_size=2", "eval.max_tasks=4", "eval.every_rollouts=0",
-         "run.progress=false", "run.checkpoint_every=1"]
+         "run.progress=false", "run.checkpoint_every=1", "run.keep_checkpoints=10"]
 
 
 def test_smollm2_converts_once_and_loads_as_a_chat_model():
