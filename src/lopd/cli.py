@@ -4,6 +4,7 @@
     lopd train runs/grpo_toolworld_seed0              resume a run from its directory
     lopd eval --run runs/grpo_toolworld_seed0         evaluate a run's latest checkpoint
     lopd eval --model tiny --split test transfer      evaluate any model
+    lopd bank runs/lopd_toolworld_seed0 --query "book a flight to Rome"   inspect an experience bank
     lopd demo                                         the showcase on the bundled task and policy
 
 Config keys are listed by `lopd train --help`. Errors in configs, data or model paths end in one line
@@ -130,6 +131,44 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_bank(args) -> int:
+    from collections import Counter
+
+    import numpy as np
+
+    from lopd.latent.embedder import build_embedder
+    from lopd.latent.experience_bank import ExperienceBank
+
+    run_dir = Path(args.run_dir)
+    folder = next((run_dir / f for f in ("bank", "skills") if (run_dir / f / "entries.jsonl").is_file()), None)
+    if folder is None:
+        raise ConfigError(f"{run_dir}: no experience bank (bank/ or skills/ with entries.jsonl)")
+    keys = np.fromfile(folder / "keys.f32", dtype=np.float32)
+    cfg = load_config(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else load_config(None)
+    dim = 384 if cfg.algorithm.retrieval.embedder == "minilm" else None
+    if dim is None:  # backbone keys: the width is whatever was written
+        dim = len(keys) // max(sum(1 for _ in (folder / "entries.jsonl").open()), 1)
+    bank = ExperienceBank(dim, folder)
+    live = [bank.entries[i] for i in np.flatnonzero(bank.alive)]
+    print(f"{folder}: {bank.size} live entries ({len(bank.entries)} written), key width {dim}")
+    if live:
+        steps = [e.step for e in live]
+        print(f"successes {sum(e.success for e in live)} ({100 * sum(e.success for e in live) / len(live):.1f}%), "
+              f"mean reward {np.mean([e.reward for e in live]):.3f}, steps {min(steps)}..{max(steps)}")
+        print("by category: " + ", ".join(f"{c} {n}" for c, n in Counter(e.category or "-" for e in live).most_common(8)))
+    if args.query:
+        if cfg.algorithm.retrieval.embedder != "minilm":
+            raise ConfigError("--query needs a bank keyed by the sentence embedder (algorithm.retrieval.embedder=minilm)")
+        embedder = build_embedder("minilm", cfg.algorithm.retrieval.embedder_path)
+        found = bank.search(embedder.encode([args.query]), args.top, successes_only=not args.all)
+        print(f"\ntop {args.top} for {args.query!r}:")
+        for i, sim in zip(found.index[0], found.similarity[0]):
+            e = bank.entries[i]
+            print(f"  {sim:.3f}  [{'ok' if e.success else 'fail'} r={e.reward:.2f} step {e.step}] {e.task_text}\n"
+                  f"         -> {e.trajectory}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     import shutil
 
@@ -152,7 +191,7 @@ def cmd_demo(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     keys = "\n".join(f"  {k:<36} {default:<12} {text}" for k, default, text in describe())
     parser = argparse.ArgumentParser(prog="lopd", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,compare,demo}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,compare,bank,demo}")
 
     p = sub.add_parser("train", help="train a policy (or resume a run directory)",
                        description="Train a policy with the configured algorithm, or resume a run directory. "
@@ -186,6 +225,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-only", action="store_true", help="only (re)write the report from existing runs")
     p.add_argument("grid_overrides", nargs="*", metavar="key=value", help="top-level grid keys, e.g. seeds=[0,1]")
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("bank", help="size, statistics and top entries of a run's experience bank",
+                       description="Print the size and statistics of a run's experience bank (LOPD's bank/ or "
+                                   "Skill-SD's skills/) and, with --query, its top entries for a request.")
+    p.add_argument("run_dir", help="run directory")
+    p.add_argument("--query", help="a request to retrieve for")
+    p.add_argument("--top", type=int, default=5, help="entries to show (default 5)")
+    p.add_argument("--all", action="store_true", help="include failed trajectories in the results")
+    p.set_defaults(func=cmd_bank)
 
     p = sub.add_parser("demo", help="LOPD against GRPO and the self-distillation baselines on the bundled task",
                        description="The showcase: trains the bundled tiny policy on ToolWorld with GRPO, OPSD, SDPO, "
