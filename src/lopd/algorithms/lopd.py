@@ -33,7 +33,7 @@ from lopd.algorithms.distill import SelfDistillation
 from lopd.algorithms.grpo import grpo_loss
 from lopd.latent.composer import Composer
 from lopd.latent.embedder import build_embedder
-from lopd.latent.experience_bank import Experience, ExperienceBank
+from lopd.latent.experience_bank import Experience, ExperienceBank, Retrieved
 from lopd.prompts import context_examples, task_text
 from lopd.rollout import left_pad
 from lopd.tokens import TokenStats, decoder_and_head, positions, token_divergence
@@ -76,12 +76,18 @@ class ExperienceMemory:
         row = {t: i for i, t in enumerate(unique)}
         return keys[[row[t] for t in texts]]
 
-    def retrieve(self, batch, step: int, own_ids: list[int]):
-        texts = [task_text(t) for t in batch.tasks]
-        return self.bank.search(self._encode_unique(texts), self.cfg.retrieve_k,
-                                exclude_ids=[[i] if i >= 0 else [] for i in own_ids],
-                                exclude_groups=[f"{step}:{int(g)}" for g in batch.group],
-                                successes_only=not self.cfg.retrieve_failures, min_similarity=self.cfg.min_similarity)
+    def retrieve(self, batch, step: int, own_ids: list[int]) -> Retrieved:
+        """Top-k per trajectory, searched once per sampling group: every trajectory of a group shares its
+        task, and excluding the group excludes each of them (their own entries included)."""
+        groups = [f"{step}:{int(g)}" for g in batch.group]
+        first = {g: i for i, g in reversed(list(enumerate(groups)))}  # group -> its first trajectory
+        order = list(first)
+        texts = [task_text(batch.tasks[first[g]]) for g in order]
+        found = self.bank.search(self._encode_unique(texts), self.cfg.retrieve_k, exclude_groups=order,
+                                 exclude_ids=[[i for i, gg in zip(own_ids, groups) if gg == g and i >= 0] for g in order],
+                                 successes_only=not self.cfg.retrieve_failures, min_similarity=self.cfg.min_similarity)
+        row = {g: j for j, g in enumerate(order)}
+        return Retrieved([found.index[row[g]] for g in groups], [found.similarity[row[g]] for g in groups])
 
     def metrics(self, batch, found) -> dict[str, float]:
         """Bank size, similarity of what was retrieved, and the hit rate: the fraction of tasks for which

@@ -54,10 +54,18 @@ class ExperienceBank:
         self.entries: list[Experience] = []
         self.keys = np.zeros((0, dim), dtype=np.float32)
         self.alive = np.zeros(0, dtype=bool)
+        self._reindex()
         self.folder = Path(folder) if folder is not None else None
         if self.folder is not None:
             self.folder.mkdir(parents=True, exist_ok=True)
             self._load()
+
+    def _reindex(self) -> None:
+        """Rebuild the lookup structures retrieval uses (after load, compaction or truncation)."""
+        self.successful = np.array([e.success for e in self.entries], dtype=bool)
+        self.by_group: dict[str, list[int]] = {}
+        for e in self.entries:
+            self.by_group.setdefault(e.group, []).append(e.id)
 
     # ------------------------------------------------------------------ persistence
 
@@ -91,6 +99,8 @@ class ExperienceBank:
             keys = keys[: len(keys) // self.dim * self.dim].reshape(-1, self.dim)
         n = min(len(rows), len(keys))
         self.entries = [Experience(**r) for r in rows[:n]]
+        for i, e in enumerate(self.entries):
+            e.id = i
         self.keys = np.ascontiguousarray(keys[:n])
         self.alive = np.ones(n, dtype=bool)
         for i in evicted:
@@ -101,6 +111,7 @@ class ExperienceBank:
                 f.truncate(n * self.dim * 4)
         if len(rows) > n:  # lines whose keys never landed: rewrite without them
             self._rewrite()
+        self._reindex()
 
     def _append(self, keys: np.ndarray, lines: list[str]) -> None:
         if self.folder is None:
@@ -137,6 +148,9 @@ class ExperienceBank:
         self.entries.extend(experiences)
         self.keys = np.concatenate([self.keys, keys])
         self.alive = np.concatenate([self.alive, np.ones(len(experiences), dtype=bool)])
+        self.successful = np.concatenate([self.successful, np.array([e.success for e in experiences], dtype=bool)])
+        for e in experiences:
+            self.by_group.setdefault(e.group, []).append(e.id)
         self._evict()
         return [e.id for e in experiences]
 
@@ -166,6 +180,7 @@ class ExperienceBank:
             e.id = new_id
         self.keys = self.keys[keep]
         self.alive = np.ones(len(keep), dtype=bool)
+        self._reindex()
         self._rewrite()
 
     def truncate_after(self, step: int) -> None:
@@ -178,6 +193,7 @@ class ExperienceBank:
         self.alive = self.alive[keep]
         for new_id, e in enumerate(self.entries):
             e.id = new_id
+        self._reindex()
         if self.folder is not None:
             self._rewrite()
 
@@ -195,16 +211,12 @@ class ExperienceBank:
         Q = len(queries)
         if Q == 0 or self.size == 0 or k <= 0:
             return Retrieved([[] for _ in range(Q)], [[] for _ in range(Q)])
-        usable = self.alive.copy()
-        if successes_only:
-            usable &= np.array([e.success for e in self.entries], dtype=bool)
-        sims = torch.from_numpy(queries) @ torch.from_numpy(self.keys).T  # [Q, N]
+        usable = self.alive & self.successful if successes_only else self.alive
+        sims = torch.from_numpy(queries) @ torch.from_numpy(self.keys).T  # [Q, N] cosine similarities
         sims[:, torch.from_numpy(~usable)] = -torch.inf
-        if exclude_groups is not None:
-            groups = np.array([e.group for e in self.entries], dtype=object)
-            for q, g in enumerate(exclude_groups):
-                if g:
-                    sims[q, torch.from_numpy(groups == g)] = -torch.inf
+        for q, g in enumerate(exclude_groups or []):
+            if g and g in self.by_group:
+                sims[q, self.by_group[g]] = -torch.inf
         for q, ids in enumerate(exclude_ids or []):
             if len(ids):
                 sims[q, list(ids)] = -torch.inf
