@@ -28,7 +28,9 @@ import json, resource, sys, time
 import torch
 from lopd.tokens import TokenStats, token_divergence
 
-variant, B, T, H, V, chunk = sys.argv[1], *map(int, sys.argv[2:7])
+variant, B, T, H, V, chunk, limit_gb = sys.argv[1], *map(int, sys.argv[2:8])
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (limit_gb << 30, limit_gb << 30))  # fail with MemoryError, never OOM the box
 torch.manual_seed(0)
 torch.set_num_threads(2)
 s_head = torch.nn.Linear(H, V, bias=False)
@@ -60,8 +62,8 @@ print(json.dumps({"seconds": seconds, "peak_mb": (peak - base) / 1024, "loss": l
 """
 
 
-def run(variant: str, B: int, T: int, H: int, V: int, chunk: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, variant, str(B), str(T), str(H), str(V), str(chunk)],
+def run(variant: str, B: int, T: int, H: int, V: int, chunk: int, limit_gb: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, variant, str(B), str(T), str(H), str(V), str(chunk), str(limit_gb)],
                          capture_output=True, text=True)
     if out.returncode != 0:
         return {"error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
@@ -75,6 +77,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=576, help="hidden size (SmolLM2-135M: 576)")
     ap.add_argument("--chunk", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--limit-gb", type=int, default=20, help="address-space cap per run (a larger need fails cleanly)")
     args = ap.parse_args()
     B, T = map(int, args.tokens.split("x"))
     print(f"B x T = {B} x {T}, H = {args.hidden}, chunk = {args.chunk}, {args.repeats} repeats, float32, CPU\n")
@@ -85,7 +88,7 @@ def main() -> None:
         for variant in ("naive", "chunked"):
             runs = []
             for _ in range(args.repeats):  # interleaved order would be fairer on a noisy box; runs are long
-                runs.append(run(variant, B, T, args.hidden, V, args.chunk))
+                runs.append(run(variant, B, T, args.hidden, V, args.chunk, args.limit_gb))
             ok = [r for r in runs if "error" not in r]
             results[variant] = ({"peak_mb": statistics.median(r["peak_mb"] for r in ok),
                                  "seconds": statistics.median(r["seconds"] for r in ok), "loss": ok[0]["loss"]}
