@@ -101,7 +101,9 @@ class ExperienceMemory:
 
 
 class ExperienceEncoder:
-    """Frozen-backbone hidden states of bank entries ("request -> answer" tokens), cached (LRU)."""
+    """Features of bank entries ("request -> answer" tokens) from the frozen backbone, cached (LRU):
+    per token, [last hidden state ; input embedding] ([L, 2H]): what the token means in context, and
+    which token it is (so the composer can carry exact values, e.g. a date's format, into z)."""
 
     def __init__(self, reference, tokenizer, max_tokens: int, cache_entries: int):
         self.reference, self.tokenizer, self.max_tokens, self.cache_entries = reference, tokenizer, max_tokens, cache_entries
@@ -120,8 +122,10 @@ class ExperienceEncoder:
                     x, mask = left_pad(seqs[start:start + 64], self.tokenizer.pad_token_id)
                     x, mask = x.to(device), mask.to(device)
                     h = decoder(input_ids=x, attention_mask=mask, position_ids=positions(mask)).last_hidden_state
-                    for j, (row, m) in enumerate(zip(h, mask)):
-                        self.cache[missing[start + j]] = row[m.bool()].float()  # [L_i, H]
+                    e = decoder.get_input_embeddings()(x)
+                    feats = torch.cat([h, e], dim=-1).float()  # [b, L, 2H]
+                    for j, (row, m) in enumerate(zip(feats, mask)):
+                        self.cache[missing[start + j]] = row[m.bool()]  # [L_i, 2H]
         out = []
         for i in ids:
             self.cache.move_to_end(i)
@@ -146,7 +150,7 @@ class LOPD(Algorithm):
             emb = model.get_input_embeddings().weight.detach()
             hidden = model.config.hidden_size
         filler_id = tok("\n", add_special_tokens=False)["input_ids"][0]
-        self.composer = Composer(hidden, float(emb.float().norm(dim=-1).mean()), emb[filler_id],
+        self.composer = Composer(hidden, float(emb.float().norm(dim=-1).mean()), emb[filler_id], memory_dim=2 * hidden,
                                  latent_tokens=c.latent_tokens, layers=c.layers, heads=c.heads, width=c.width,
                                  gate_init=c.gate_init).to(device)
         self.composer.requires_grad_(c.train_composer)
@@ -175,8 +179,7 @@ class LOPD(Algorithm):
             return z
         rows = [self.encoder.encode(self.memory.bank, ids) for ids in ctx.retrieved]  # [b][k] of [L, H]
         width = max([sum(len(h) for h in r) for r in rows] + [1])
-        H = self.composer.out.out_features
-        memory = torch.zeros(len(rows), width, H, device=device)
+        memory = torch.zeros(len(rows), width, self.composer.inp.in_features, device=device)
         pad = torch.ones(len(rows), width, dtype=torch.bool, device=device)
         success = torch.zeros(len(rows), width, dtype=torch.long, device=device)
         for b, (r, ids) in enumerate(zip(rows, ctx.retrieved)):

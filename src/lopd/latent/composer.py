@@ -1,8 +1,9 @@
 """The latent composer C_phi: retrieved experiences -> K continuous tokens z in front of the teacher's prompt.
 
-    memory  = [null ; LN(W_in h) + outcome[success]]   h: frozen-backbone hidden states of each experience's
-                                                    tokens ("request -> answer"), cached per bank entry;
-                                                    null: a learned slot (what "no experience" reads)
+    memory  = [null ; LN(W_in h) + outcome[success]]   h: per token of each retrieved experience ("request ->
+                                                    answer"), the frozen backbone's [last hidden ; input
+                                                    embedding], cached per bank entry; null: a learned
+                                                    slot (what "no experience" reads)
     q       = K learned queries                     [K, D]
     q      += CrossAttn(LN(q), memory); q += MLP(LN(q))     x layers (a Perceiver-style resampler)
     n       = normalize(W_out q) * mean token-embedding norm
@@ -37,8 +38,8 @@ class ResamplerLayer(nn.Module):
 
 
 class Composer(nn.Module):
-    def __init__(self, hidden: int, embed_norm: float, filler: Tensor, *, latent_tokens: int = 8, layers: int = 2,
-                 heads: int = 4, width: int = 0, gate_init: float = 0.0):
+    def __init__(self, hidden: int, embed_norm: float, filler: Tensor, *, memory_dim: int = 0, latent_tokens: int = 8,
+                 layers: int = 2, heads: int = 4, width: int = 0, gate_init: float = 0.0):
         super().__init__()
         width = width or hidden
         if width % heads:
@@ -46,7 +47,7 @@ class Composer(nn.Module):
         self.latent_tokens, self.embed_norm = latent_tokens, embed_norm
         self.queries = nn.Parameter(torch.randn(latent_tokens, width) / math.sqrt(width))
         self.outcome = nn.Embedding(2, width)  # 0 = failure, 1 = success
-        self.inp = nn.Linear(hidden, width)
+        self.inp = nn.Linear(memory_dim or hidden, width)
         self.norm_in = nn.LayerNorm(width)
         self.layers = nn.ModuleList(ResamplerLayer(width, heads) for _ in range(layers))
         self.norm_out = nn.LayerNorm(width)
@@ -57,7 +58,7 @@ class Composer(nn.Module):
 
     def forward(self, memory: Tensor | None = None, memory_pad: Tensor | None = None,
                 memory_success: Tensor | None = None, batch: int | None = None) -> Tensor:
-        """memory: [b, M, H] hidden states of the retrieved experiences (concatenated), memory_pad: [b, M],
+        """memory: [b, M, F] features of the retrieved experiences' tokens (concatenated), memory_pad: [b, M],
         memory_success: [b, M] long (1 where the token belongs to a success). Returns z: [b, K, H]."""
         b = memory.shape[0] if memory is not None else batch
         q = self.queries.unsqueeze(0).expand(b, -1, -1)  # [b, K, D]
