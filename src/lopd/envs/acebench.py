@@ -32,9 +32,7 @@ row count; `leaderboard_summary` is the released spreadsheet's formula.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +41,7 @@ from typing import Any, Mapping, Sequence
 from lopd.envs.acebench_checker import (
     PHRASES, answer_candidates, call_name, official_normal, official_special, strict_normal, strict_special,
 )
-from lopd.envs.base import DataError, Score, Task
+from lopd.envs.base import DataError, Score, Task, check_mode_and_fraction, hash_split, read_jsonl, require_keys
 from lopd.envs.calls import Call
 from lopd.errors import ConfigError
 
@@ -240,32 +238,8 @@ def resolve_data_dir(configured: str = "") -> Path:
                     f"from {here.parents[0]} and from {cwd})")
 
 
-def _read_lines(path: Path) -> list[tuple[int, dict]]:
-    if not path.is_file():
-        raise DataError(f"{path}: no such data file")
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            rows.append((lineno, row))
-    return rows
-
-
-def _require(row: dict, keys: Sequence[str], where: str) -> None:
-    for key in keys:
-        if key not in row:
-            raise DataError(f"{where}: missing key '{key}' (row has: {', '.join(row) or 'nothing'})")
-
-
 def _check_row(row: dict, category: str, where: str) -> None:
-    _require(row, ("id", "question", "function") + (("profile",) if category == "normal_preference" else ()), where)
+    require_keys(row, ("id", "question", "function") + (("profile",) if category == "normal_preference" else ()), where)
     if not isinstance(row["id"], str) or not row["id"].startswith(category + "_"):
         raise DataError(f"{where}: key 'id': {row['id']!r} is not an id of category {category}")
     if not isinstance(row["question"], str):
@@ -312,14 +286,14 @@ def load_category(data_dir: Path, category: str) -> list[Task]:
     rows_path = data_dir / f"data_{category}.json"
     answers_path = data_dir / "possible_answer" / f"data_{category}.json"
     answers: dict[str, tuple[int, dict]] = {}
-    for lineno, answer in _read_lines(answers_path):
+    for lineno, answer in read_jsonl(answers_path, with_lines=True):
         where = f"{answers_path}:{lineno}"
-        _require(answer, ("id", "ground_truth"), where)
+        require_keys(answer, ("id", "ground_truth"), where)
         if answer["id"] in answers:
             raise DataError(f"{where}: key 'id': {answer['id']!r} repeats line {answers[answer['id']][0]}")
         answers[answer["id"]] = (lineno, answer)
     tasks, seen = [], set()
-    for lineno, row in _read_lines(rows_path):
+    for lineno, row in read_jsonl(rows_path, with_lines=True):
         where = f"{rows_path}:{lineno}"
         _check_row(row, category, where)
         if row["id"] in seen:
@@ -340,11 +314,6 @@ def load_category(data_dir: Path, category: str) -> list[Task]:
 def split_unit(task_id: str, category: str) -> str:
     """What the train/test split keeps together: a conversation in the normal multi-turn categories."""
     return task_id.rsplit("_", 1)[0] if category.startswith("normal_multi_turn") else task_id
-
-
-def train_units(units: Sequence[str], fraction: float, seed: int) -> set[str]:
-    ranked = sorted(set(units), key=lambda u: hashlib.sha256(f"acebench/{seed}/{u}".encode()).hexdigest())
-    return set(ranked[: math.floor(len(ranked) * fraction + 0.5)])
 
 
 # ------------------------------------------------------------------------------------ scoring
@@ -398,11 +367,7 @@ class ACEBench:
 
     def __init__(self, config: ACEBenchConfig | None = None):
         self.config = config or ACEBenchConfig()
-        c = self.config
-        if c.mode not in MODES:
-            raise ConfigError(f"env.acebench.mode: '{c.mode}' is not one of {', '.join(MODES)}")
-        if not 0.0 <= c.train_fraction <= 1.0:
-            raise ConfigError(f"env.acebench.train_fraction: {c.train_fraction} is not between 0 and 1")
+        check_mode_and_fraction("acebench", self.config.mode, MODES, self.config.train_fraction)
         self._data_dir: Path | None = None
         self._categories: dict[str, list[Task]] = {}
 
@@ -432,13 +397,12 @@ class ACEBench:
         raise ConfigError(f"acebench has no split '{split}' (splits: {', '.join(SPLITS)})")
 
     def _train_test(self, split: str) -> list[Task]:
-        c = self.config
-        out = []
-        for name in GROUPS["all"]:
-            tasks = self.category(name)
-            chosen = train_units([split_unit(t.id, name) for t in tasks], c.train_fraction, c.seed)
-            out += [t for t in tasks if (split_unit(t.id, name) in chosen) == (split == "train")]
-        return out
+        tasks = self.tasks("all")
+        category = {t.id: t.category for t in tasks}
+        train = hash_split(category, self.config.seed, self.config.train_fraction, salt="acebench",
+                           strata=category.get, groups=lambda task_id: split_unit(task_id, category[task_id]),
+                           round_half_up=True)
+        return [t for t in tasks if (t.id in train) == (split == "train")]
 
     def score(self, task: Task, completion: str) -> Score:
         return verdict(task, completion, self.config.mode)

@@ -58,7 +58,7 @@ import warnings
 from collections import Counter
 from typing import Any, Iterable, Sequence
 
-from lopd.envs.base import Score
+from lopd.envs.base import Score, bipartite_matching, dotted_name
 from lopd.envs.calls import Call, ParseFailure, parse_calls
 
 MAX_CHARS = 50_000  # longer replies are wrong in both modes (parsing huge input is slow)
@@ -156,16 +156,6 @@ def _arith(node: ast.expr) -> Any:
     raise ValueError(f"cannot evaluate {type(node).__name__} safely")
 
 
-def _dotted(node: ast.expr) -> str:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-    return ".".join(reversed(parts))
-
-
 def _official_value(node: ast.expr) -> Any:
     if isinstance(node, ast.Constant):
         return "..." if node.value is Ellipsis else node.value
@@ -185,7 +175,7 @@ def _official_value(node: ast.expr) -> Any:
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.Call):
-        return {_dotted(node.func): _official_args(node)}
+        return {dotted_name(node.func): _official_args(node)}
     if isinstance(node, ast.Tuple):
         return tuple(_official_value(e) for e in node.elts)
     if isinstance(node, ast.Subscript):
@@ -214,7 +204,7 @@ def official_decode(text: Any) -> list[tuple[str, dict]] | str:
         for node in body.elts:
             if not isinstance(node, ast.Call):
                 return "an element of the list is not a call"
-            calls.append((_dotted(node.func), _official_args(node)))
+            calls.append((dotted_name(node.func), _official_args(node)))
         return calls
     except Exception as e:  # SyntaxError, ValueError, TypeError, RecursionError, MemoryError: not readable
         return f"it does not parse ({type(e).__name__})"
@@ -466,22 +456,6 @@ def strict_args_fault(got: dict, want: dict, prefix: str = "") -> str | None:
     return None
 
 
-def _match(compatible: list[list[bool]]) -> bool:
-    """A perfect matching of answer calls (rows) to reply calls (columns), by augmenting paths."""
-    owner: dict[int, int] = {}
-
-    def place(row: int, seen: set[int]) -> bool:
-        for col, fits in enumerate(compatible[row]):
-            if fits and col not in seen:
-                seen.add(col)
-                if col not in owner or place(owner[col], seen):
-                    owner[col] = row
-                    return True
-        return False
-
-    return all(place(row, set()) for row in range(len(compatible)))
-
-
 def _strict_candidate(calls: list[Call], answer: dict, tool_names: set[str]) -> str | None:
     wanted = [(call_name(k, tool_names), v) for k, v in answer.items()]
     if len(calls) != len(wanted):
@@ -498,7 +472,7 @@ def _strict_candidate(calls: list[Call], answer: dict, tool_names: set[str]) -> 
             return f"a call of '{name}' is missing"
     faults = [[None if c.name != n else strict_args_fault(c.arguments, a) for c in calls] for n, a in wanted]
     compatible = [[c.name == n and f is None for c, f in zip(calls, row)] for (n, _), row in zip(wanted, faults)]
-    if _match(compatible):
+    if None not in bipartite_matching(compatible):  # every answer call has its own reply call
         return None
     for (name, _), row in zip(wanted, faults):
         for call, fault in zip(calls, row):

@@ -29,13 +29,12 @@ multi-turn, memory, web-search and format-sensitivity categories.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable, Sequence
 
-from lopd.envs.base import DataError, Score, Task
+from lopd.envs.base import DataError, Score, Task, check_mode_and_fraction, hash_split, read_jsonl
 from lopd.envs.bfcl_checker import _find_doc, _fits, score_official, score_strict
 from lopd.envs.bfcl_checker import decode_official, decode_strict, standardise  # noqa: F401  (re-exported)
 from lopd.errors import ConfigError
@@ -98,21 +97,9 @@ def _data_root():
 def _read_rows(relative: str, required: Sequence[str]) -> list[dict]:
     """JSON lines from the package's data folder; a bad line raises DataError naming file, line, key."""
     path = _data_root().joinpath(*relative.split("/"))
-    if not path.is_file():
-        raise DataError(f"{path}: no such BFCL data file (written for {PACKAGE} {PACKAGE_VERSION}: {INSTALL_HINT})")
+    hint = f"BFCL data, written for {PACKAGE} {PACKAGE_VERSION}: {INSTALL_HINT}"
     rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-        for key in required:
-            if key not in row:
-                raise DataError(f"{path}:{lineno}: missing key '{key}'")
+    for lineno, row in read_jsonl(path, required, with_lines=True, missing_hint=hint):
         row["_where"] = f"{path}:{lineno}"
         rows.append(row)
     return rows
@@ -317,10 +304,7 @@ class BFCL:
     def __init__(self, config: BFCLConfig | None = None):
         self.config = config or BFCLConfig()
         c = self.config
-        if c.mode not in MODES:
-            raise ConfigError(f"env.bfcl.mode: '{c.mode}' is not one of {', '.join(MODES)}")
-        if not 0.0 <= c.train_fraction <= 1.0:
-            raise ConfigError(f"env.bfcl.train_fraction: {c.train_fraction} is not between 0 and 1")
+        check_mode_and_fraction("bfcl", c.mode, MODES, c.train_fraction)
         self.categories: list[str] = []
         for name in c.categories:
             category = canonical_category(name)
@@ -348,14 +332,10 @@ class BFCL:
     def _train(self) -> set[str]:
         """Per category, the `train_fraction` of rows with the smallest seeded hash of their id."""
         if self._train_ids is None:
-            self._train_ids = set()
-            for category in self.categories:
-                ids = sorted((t.id for t in load_category(category)), key=self._hash)
-                self._train_ids.update(ids[: round(self.config.train_fraction * len(ids))])
+            category = {t.id: t.category for c in self.categories for t in load_category(c)}
+            self._train_ids = hash_split(category, self.config.seed, self.config.train_fraction, salt="bfcl",
+                                         strata=category.get)
         return self._train_ids
-
-    def _hash(self, task_id: str) -> str:
-        return hashlib.sha256(f"bfcl/{self.config.seed}/{task_id}".encode()).hexdigest()
 
     def score(self, task: Task, completion: str) -> Score:
         return self.score_modes(task, completion)[self.config.mode]

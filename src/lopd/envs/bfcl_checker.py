@@ -57,7 +57,7 @@ import operator
 import re
 from typing import Any, Callable, Sequence
 
-from lopd.envs.base import Score, Task
+from lopd.envs.base import Score, Task, bipartite_matching, dotted_name
 from lopd.envs.calls import Call, ParseFailure, parse_calls
 
 # ---------------------------------------------------------------------------------- decoding
@@ -101,19 +101,9 @@ def decode_official(text: str) -> list[Call] | ParseFailure:
         return ParseFailure("not a Python call expression")
 
 
-def _loose_name(func: ast.expr) -> str:
-    parts = []
-    while isinstance(func, ast.Attribute):
-        parts.append(func.attr)
-        func = func.value
-    if isinstance(func, ast.Name):
-        parts.append(func.id)
-    return ".".join(reversed(parts))
-
-
 def _loose_call(node: ast.Call) -> Call:
     # positional arguments are dropped; `**x` becomes a parameter named "**" (never acceptable)
-    return Call(_loose_name(node.func), {kw.arg or "**": _loose_value(kw.value) for kw in node.keywords})
+    return Call(dotted_name(node.func), {kw.arg or "**": _loose_value(kw.value) for kw in node.keywords})
 
 
 def _loose_value(node: ast.expr) -> Any:
@@ -302,11 +292,16 @@ def _official_value_ok(value: Any, acceptable: list, expected: type, nested: typ
     return value in acceptable
 
 
-def official_call_fault(call: Call, expected: dict, doc: dict) -> str | None:
-    """The first fault BFCL's checker finds in one call against one possible answer, or None."""
+def _call_fault(call: Call, expected: dict, doc: dict, name_from_doc: bool,
+                param_fault: Callable[[str, Any, list, dict], str | None]) -> str | None:
+    """The first fault of one call against one possible answer, checked the way both modes do: the
+    function's name (the doc's with `name_from_doc`, else the answer's), the parameters the schema
+    requires, every given parameter (in the schema and the answer, then `param_fault(param, value,
+    acceptable values, schema)`), and the answer's parameters that may not be omitted."""
     (name, acceptable), = expected.items()
-    if call.name != doc["name"]:
-        return f"Wrong function: expected a call to '{doc['name']}', got '{call.name}'."
+    want = doc["name"] if name_from_doc else name
+    if call.name != want:
+        return f"Wrong function: expected a call to '{want}', got '{call.name}'."
     properties = doc["parameters"]["properties"]
     for param in doc["parameters"].get("required", []):
         if param not in call.arguments:
@@ -314,13 +309,18 @@ def official_call_fault(call: Call, expected: dict, doc: dict) -> str | None:
     for param, value in call.arguments.items():
         if param not in properties or param not in acceptable:
             return f"Unexpected parameter '{param}' in the call to '{name}'."
-        fault = _official_param_fault(param, value, acceptable[param], properties[param])
+        fault = param_fault(param, value, acceptable[param], properties[param])
         if fault:
             return fault
     for param, options in acceptable.items():
         if param not in call.arguments and "" not in options:
             return f"Missing parameter '{param}' (the request specifies it)."
     return None
+
+
+def official_call_fault(call: Call, expected: dict, doc: dict) -> str | None:
+    """The first fault BFCL's checker finds in one call against one possible answer, or None."""
+    return _call_fault(call, expected, doc, True, _official_param_fault)
 
 
 def _official_param_fault(param: str, value: Any, acceptable: list, schema: dict) -> str | None:
@@ -499,49 +499,18 @@ def strict_value_ok(value: Any, option: Any, schema: dict) -> bool:
     return strict_equal(value, option, schema)
 
 
-def strict_call_fault(call: Call, expected: dict, doc: dict) -> str | None:
-    """The first fault of one call against one possible answer under strict rules, or None."""
-    (name, acceptable), = expected.items()
-    if call.name != name:
-        return f"Wrong function: expected a call to '{name}', got '{call.name}'."
-    properties = doc["parameters"]["properties"]
-    for param in doc["parameters"].get("required", []):
-        if param not in call.arguments:
-            return f"Missing parameter '{param}' (required by '{name}')."
-    for param, value in call.arguments.items():
-        if param not in properties or param not in acceptable:
-            return f"Unexpected parameter '{param}' in the call to '{name}'."
-        schema = properties[param]
-        fault = _strict_type_fault(param, value, schema, acceptable[param])
-        if fault:
-            return fault
-        if not any(strict_value_ok(value, option, schema) for option in acceptable[param]):
-            return f"Wrong value for '{param}': {_describe(value)}."
-    for param, options in acceptable.items():
-        if param not in call.arguments and "" not in options:
-            return f"Missing parameter '{param}' (the request specifies it)."
+def _strict_param_fault(param: str, value: Any, acceptable: list, schema: dict) -> str | None:
+    fault = _strict_type_fault(param, value, schema, acceptable)
+    if fault:
+        return fault
+    if not any(strict_value_ok(value, option, schema) for option in acceptable):
+        return f"Wrong value for '{param}': {_describe(value)}."
     return None
 
 
-def _perfect_matching(ok: list[list[bool]]) -> list[int | None]:
-    """ok[i][j]: expected i accepts output j. Returns, per expected call, its output index (or None)."""
-    owner: dict[int, int] = {}  # output j -> expected i
-
-    def augment(i: int, seen: set[int]) -> bool:
-        for j, fits in enumerate(ok[i]):
-            if fits and j not in seen:
-                seen.add(j)
-                if j not in owner or augment(owner[j], seen):
-                    owner[j] = i
-                    return True
-        return False
-
-    for i in range(len(ok)):
-        augment(i, set())
-    by_expected: list[int | None] = [None] * len(ok)
-    for j, i in owner.items():
-        by_expected[i] = j
-    return by_expected
+def strict_call_fault(call: Call, expected: dict, doc: dict) -> str | None:
+    """The first fault of one call against one possible answer under strict rules, or None."""
+    return _call_fault(call, expected, doc, False, _strict_param_fault)
 
 
 def strict_fault(calls: list[Call], answer: list[dict], functions: Sequence[dict]) -> str | None:
@@ -553,7 +522,7 @@ def strict_fault(calls: list[Call], answer: list[dict], functions: Sequence[dict
         return stray
     docs = [_find_doc(functions, next(iter(expected))) for expected in answer]
     faults = [[strict_call_fault(c, expected, doc) for c in calls] for expected, doc in zip(answer, docs)]
-    matching = _perfect_matching([[f is None for f in row] for row in faults])
+    matching = bipartite_matching([[f is None for f in row] for row in faults])
     for i, j in enumerate(matching):
         if j is None:
             if len(answer) == 1:

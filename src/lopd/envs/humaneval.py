@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import ast
 import gzip
-import hashlib
 import json
 import math
 import re
@@ -52,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from lopd.envs.base import Score, Task
+from lopd.envs.base import Score, Task, hash_split
 from lopd.envs.sandbox import ExecResult, run_many
 from lopd.errors import ConfigError, DataError
 
@@ -112,17 +111,6 @@ def load_problems(path: str | Path | None = None) -> list[dict]:
     if not rows:
         raise DataError(f"{path}: no problems in the file")
     return rows
-
-
-def split_key(task_id: str, seed: int) -> bytes:
-    """A stable pseudo-random key per (seed, task id): sha256, independent of Python's hash seed."""
-    return hashlib.sha256(f"humaneval/{seed}/{task_id}".encode()).digest()
-
-
-def train_ids(task_ids: Sequence[str], seed: int, train_fraction: float) -> set[str]:
-    """The round(train_fraction * n) ids with the smallest split keys: exact sizes, order-independent."""
-    ranked = sorted(task_ids, key=lambda tid: split_key(tid, seed))
-    return set(ranked[: round(train_fraction * len(ranked))])
 
 
 # ---------------------------------------------------------------------------- extraction
@@ -350,7 +338,7 @@ class HumanEval:
         if split not in SPLITS:
             raise ConfigError(f"humaneval has no split '{split}' (splits: {', '.join(SPLITS)})")
         if split not in self._splits:
-            train = train_ids(list(self.problems), self.config.seed, self.config.train_fraction)
+            train = hash_split(self.problems, self.config.seed, self.config.train_fraction, salt="humaneval")
             keep = {"all": lambda tid: True, "train": lambda tid: tid in train,
                     "test": lambda tid: tid not in train}[split]
             self._splits[split] = [self._task(p) for tid, p in self.problems.items() if keep(tid)]
