@@ -69,5 +69,10 @@ def test_bundled_configs_load():
 
     names = sorted(p.name for p in CONFIG_DIR.glob("*.yaml"))
     assert "grpo.yaml" in names and "demo.yaml" in names
+    from lopd.compare import cells, load_grid
+
     for p in CONFIG_DIR.glob("*.yaml"):
-        load_config(p)
+        if p.name.startswith("compare_"):  # grid files of `lopd compare`: every run's config must load
+            assert cells(load_grid(p))
+        else:
+            load_config(p)

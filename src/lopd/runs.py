@@ -56,8 +56,7 @@ class RunDir:
         """Drop rows logged after `after_step` (they belong to work the resumed run redoes)."""
         if not self.metrics_path.is_file():
             return
-        keep = [line for line in self.metrics_path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= after_step]
+        keep = [line for line, row in self._rows() if row.get("step", 0) <= after_step]
         tmp = self.metrics_path.with_suffix(".tmp")
         tmp.write_text("".join(line + "\n" for line in keep))
         os.replace(tmp, self.metrics_path)
@@ -66,10 +65,20 @@ class RunDir:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
+    def _rows(self) -> list[tuple[str, dict]]:
+        """(line, row) for every complete row; a line torn by a crash mid-write is skipped."""
+        out = []
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                out.append((line, json.loads(line)))
+            except json.JSONDecodeError:
+                continue
+        return out
+
     def read_metrics(self) -> list[dict]:
         if not self.metrics_path.is_file():
             return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        return [row for _, row in self._rows()]
 
     # -------------------------------------------------------------- checkpoints
 

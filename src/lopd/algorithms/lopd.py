@@ -35,8 +35,7 @@ from lopd.latent.composer import Composer
 from lopd.latent.embedder import build_embedder
 from lopd.latent.experience_bank import Experience, ExperienceBank, Retrieved
 from lopd.prompts import context_examples, task_text
-from lopd.rollout import left_pad
-from lopd.tokens import TokenStats, decoder_and_head, positions, token_divergence
+from lopd.tokens import TokenStats, decoder_and_head, token_divergence
 
 
 @dataclass
@@ -118,14 +117,13 @@ class ExperienceEncoder:
             with self.reference.active() as model:
                 decoder, _ = decoder_and_head(model)
                 device = next(model.parameters()).device
-                for start in range(0, len(seqs), 64):
-                    x, mask = left_pad(seqs[start:start + 64], self.tokenizer.pad_token_id)
-                    x, mask = x.to(device), mask.to(device)
-                    h = decoder(input_ids=x, attention_mask=mask, position_ids=positions(mask)).last_hidden_state
+                # one entry at a time: an entry's features never depend on what it was batched with, so a
+                # resumed run (empty cache) composes exactly what the uninterrupted run did
+                for i, seq in zip(missing, seqs):
+                    x = torch.tensor([seq], device=device)  # [1, L]
+                    h = decoder(input_ids=x).last_hidden_state
                     e = decoder.get_input_embeddings()(x)
-                    feats = torch.cat([h, e], dim=-1).float()  # [b, L, 2H]
-                    for j, (row, m) in enumerate(zip(feats, mask)):
-                        self.cache[missing[start + j]] = row[m.bool()]  # [L_i, 2H]
+                    self.cache[i] = torch.cat([h, e], dim=-1).float()[0]  # [L, 2H]
         out = []
         for i in ids:
             self.cache.move_to_end(i)
@@ -211,8 +209,8 @@ class LOPD(Algorithm):
         self._constraint.append(float((slack.detach() * active).sum() / active.sum().clamp(min=1)))
         success = batch.success.to(delta.device)
         metrics = {"loss/distill": kl.item(), "loss/margin": margin.item(),
-                   "context/delta_success": float(delta[success].mean()) if success.any() else 0.0,
-                   "context/delta_failure": float(delta[~success].mean()) if (~success).any() else 0.0,
+                   "context/delta_success": float(delta[success].mean().detach()) if success.any() else 0.0,
+                   "context/delta_failure": float(delta[~success].mean().detach()) if (~success).any() else 0.0,
                    "context/margin_violation": mean_of((slack.detach() > 0).float(), active),
                    "context/lambda": self.lam, "context/gate": float(torch.tanh(self.composer.gate)),
                    "context/latent_norm": self._last_norm, **self._retrieval_metrics}
