@@ -145,7 +145,7 @@ class RetrievalConfig:
 
 @dataclass
 class LOPDConfig:
-    latent_tokens: int = _help("K: continuous tokens the composer puts in front of the teacher's prompt", 8)
+    latent_tokens: int = _help("K: continuous tokens the composer puts in front of the teacher's prompt", 64)
     retrieve_k: int = _help("k: experiences retrieved per task", 4)
     retrieve: bool = _help("condition the composer on retrieved experiences (false: a learned task-independent prefix)", True)
     retrieve_failures: bool = _help("also retrieve failed trajectories (marked as such)", False)
@@ -154,11 +154,13 @@ class LOPDConfig:
     layers: int = _help("resampler layers", 2)
     heads: int = _help("resampler attention heads", 4)
     width: int = _help("resampler width (0 = the backbone's hidden size)", 0)
-    gate_init: float = _help("initial gate: z = filler + tanh(gate) * composed; 0 leaves the teacher intact at step 0", 0.0)
+    gate_init: float = _help("initial gate: z = base + tanh(gate) * composed (0: z starts as the base)", 0.0)
+    copy_experience_tokens: bool = _help("base = the retrieved experiences' token embeddings (soft text); "
+                                         "false: K neutral filler tokens", True)
     train_composer: bool = _help("train the composer (false: the frozen random-composer ablation)", True)
-    composer_lr: float = _help("learning rate of the composer", 1e-3)
+    composer_lr: float = _help("learning rate of the composer", 1e-2)
     beta: float = _help("weight of KL(sg student || teacher) in the composer's objective", 1.0)
-    margin: float = _help("m: required privilege A * Delta per trajectory, in nats per token", 0.1)
+    margin: float = _help("m: required privilege A * Delta per trajectory, in nats per token", 0.05)
     margin_coef: float = _help("lambda: initial weight of the privileged margin (0 with dual_lr 0 = no margin)", 1.0)
     dual_lr: float = _help("dual ascent on lambda: lambda += dual_lr * mean(m - A * Delta); 0 = fixed", 0.0)
     bank_capacity: int = _help("experiences kept in the bank (0 = unbounded)", 100_000)

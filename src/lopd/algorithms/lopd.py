@@ -150,7 +150,7 @@ class LOPD(Algorithm):
         filler_id = tok("\n", add_special_tokens=False)["input_ids"][0]
         self.composer = Composer(hidden, float(emb.float().norm(dim=-1).mean()), emb[filler_id], memory_dim=2 * hidden,
                                  latent_tokens=c.latent_tokens, layers=c.layers, heads=c.heads, width=c.width,
-                                 gate_init=c.gate_init).to(device)
+                                 gate_init=c.gate_init, copy_tokens=c.copy_experience_tokens).to(device)
         self.composer.requires_grad_(c.train_composer)
         self.lam = c.margin_coef
         self.step = 0
@@ -212,6 +212,7 @@ class LOPD(Algorithm):
                    "context/delta_success": float(delta[success].mean().detach()) if success.any() else 0.0,
                    "context/delta_failure": float(delta[~success].mean().detach()) if (~success).any() else 0.0,
                    "context/margin_violation": mean_of((slack.detach() > 0).float(), active),
+                   "context/privilege": mean_of((adv * delta).detach(), active),
                    "context/lambda": self.lam, "context/gate": float(torch.tanh(self.composer.gate)),
                    "context/latent_norm": self._last_norm, **self._retrieval_metrics}
         if d.pg_weight > 0:

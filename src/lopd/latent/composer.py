@@ -7,10 +7,13 @@
     q       = K learned queries                     [K, D]
     q      += CrossAttn(LN(q), memory); q += MLP(LN(q))     x layers (a Perceiver-style resampler)
     n       = normalize(W_out q) * mean token-embedding norm
-    z       = E[filler] + tanh(gate) * n            [K, H]
+    z       = base + tanh(gate) * n                  [K, H]
+    base    = E[filler] x K, or (copy_tokens) the input embeddings of the first K tokens of the retrieved
+              experiences, filler where they run out
 
-The gate starts at 0, so at step 0 the prefix is K embeddings of a neutral filler token and the teacher
-reads its prompt as usual: the latent context grows from nothing instead of wrecking the teacher. With
+The gate starts at 0, so at step 0 the prefix is either K neutral filler tokens (the teacher reads its
+prompt as usual) or the retrieved experiences as soft text (the teacher reads them like a text context);
+either way the composer starts from a teacher that works, and learns what to add. With
 no retrieval (`memory` is None) the queries skip cross-attention: a learned, task-independent prefix.
 Everything is differentiable; the backbone is not part of the composer and gets no gradient from it.
 """
@@ -39,12 +42,12 @@ class ResamplerLayer(nn.Module):
 
 class Composer(nn.Module):
     def __init__(self, hidden: int, embed_norm: float, filler: Tensor, *, memory_dim: int = 0, latent_tokens: int = 8,
-                 layers: int = 2, heads: int = 4, width: int = 0, gate_init: float = 0.0):
+                 layers: int = 2, heads: int = 4, width: int = 0, gate_init: float = 0.0, copy_tokens: bool = False):
         super().__init__()
         width = width or hidden
         if width % heads:
             raise ValueError(f"composer width {width} is not divisible by {heads} heads")
-        self.latent_tokens, self.embed_norm = latent_tokens, embed_norm
+        self.latent_tokens, self.embed_norm, self.copy_tokens, self.hidden = latent_tokens, embed_norm, copy_tokens, hidden
         self.queries = nn.Parameter(torch.randn(latent_tokens, width) / math.sqrt(width))
         self.outcome = nn.Embedding(2, width)  # 0 = failure, 1 = success
         self.inp = nn.Linear(memory_dim or hidden, width)
@@ -71,7 +74,13 @@ class Composer(nn.Module):
             mem = torch.cat([self.null.expand(b, -1, -1), mem], dim=1)  # [b, 1 + M, D]
             if memory_pad is not None:
                 memory_pad = torch.cat([torch.zeros_like(memory_pad[:, :1]), memory_pad], dim=1)
+        base = self.filler.expand(b, self.latent_tokens, -1)  # [b, K, H]
+        if self.copy_tokens and memory is not None:  # start from the experiences' own token embeddings
+            K = min(self.latent_tokens, memory.shape[1])
+            tokens = memory[:, :K, -self.hidden:].to(base.dtype)  # [b, K, H] the input-embedding half
+            keep = ~memory_pad[:, 1:K + 1, None] if memory_pad is not None else torch.ones_like(tokens[..., :1], dtype=torch.bool)
+            base = torch.cat([torch.where(keep, tokens, base[:, :K]), base[:, K:]], dim=1)
         for layer in self.layers:
             q = layer(q, mem, memory_pad)
         n = nn.functional.normalize(self.out(self.norm_out(q)), dim=-1) * self.embed_norm  # [b, K, H]
-        return self.filler + torch.tanh(self.gate) * n
+        return base + torch.tanh(self.gate) * n
