@@ -31,6 +31,7 @@ def small_overrides(run_dir, **extra) -> list[str]:
         "rollout.tasks_per_step": 2, "rollout.group_size": 4, "rollout.max_new_tokens": 48,
         "train.max_rollouts": 32, "eval.every_rollouts": 16, "eval.max_tasks": 4, "optim.lr": 1e-3,
         "env.toolworld.n_train": 40, "env.toolworld.n_test": 8, "env.toolworld.n_transfer": 8,
+        "train.threads": 2,  # bit-identical comparisons need the same thread count in every process
     }
     items.update(extra)
     return [f"{k}={v}" for k, v in items.items()]
