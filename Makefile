@@ -26,7 +26,9 @@ test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/grpo_toolworld.py
+	$(BIN)/lopd compare --config configs/compare_toolworld.yaml
+	$(BIN)/python benchmarks/distill_memory.py
+	$(BIN)/python benchmarks/retrieval_speed.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
