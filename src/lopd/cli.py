@@ -4,6 +4,7 @@
     lopd train runs/grpo_toolworld_seed0              resume a run from its directory
     lopd eval --run runs/grpo_toolworld_seed0         evaluate a run's latest checkpoint
     lopd eval --model tiny --split test transfer      evaluate any model
+    lopd eval --model smollm2-135m --env acebench     ... on any env (acebench, bfcl:simple_python, humaneval)
     lopd bank runs/lopd_toolworld_seed0 --query "book a flight to Rome"   inspect an experience bank
     lopd demo                                         the showcase on the bundled task and policy
 
@@ -87,6 +88,13 @@ def cmd_eval(args) -> int:
 
     args.overrides += [s for s in args.split or [] if "=" in s]  # argparse's nargs="+" swallows them
     args.split = [s for s in args.split or [] if "=" not in s]
+    if args.env:  # --env NAME or NAME:SPLIT
+        name, _, split = args.env.partition(":")
+        args.overrides.append(f"env.name={name}")
+        if split:
+            args.split = args.split or [split]
+        elif not args.split and name != "toolworld":
+            args.split = ["test"]
     run = None
     if args.run:
         run = RunDir(args.run)
@@ -211,7 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--run", help="run directory: its config and latest checkpoint")
     src.add_argument("--model", help="model name or folder (tiny, smollm2-135m, PATH)")
     p.add_argument("--config", help="YAML config (env, decoding) when not using --run")
-    p.add_argument("--split", nargs="+", help="splits to evaluate (default: env.eval_splits)")
+    p.add_argument("--env", help="env to evaluate on, NAME or NAME:SPLIT (toolworld, acebench, bfcl:simple_python, "
+                                 "humaneval, ...); default: the config's")
+    p.add_argument("--split", nargs="+", help="splits to evaluate (default: env.eval_splits, or `test`)")
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=cmd_eval)
