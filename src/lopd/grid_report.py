@@ -259,6 +259,8 @@ def plot_grid(data: dict, root: Path) -> list[str]:
     fig, axes = plt.subplots(1, max(len(splits), 1), figsize=(5.5 * max(len(splits), 1), 4.2), squeeze=False,
                              constrained_layout=True)
     colors = plt.get_cmap("tab10")
+    top = max([100 * (m + d) for e in data["methods"].values() for sp in e["splits"].values()
+               for m, d in zip(sp["mean"], sp["std"])] + [10])
     for ax, split in zip(axes[0], splits):
         for i, (m, e) in enumerate(data["methods"].items()):
             sp = e["splits"].get(split)
@@ -271,7 +273,7 @@ def plot_grid(data: dict, root: Path) -> list[str]:
             ax.fill_between(sp["points"], [a - b for a, b in zip(mean, std)], [a + b for a, b in zip(mean, std)],
                             color=colors(i % 10), alpha=0.15, linewidth=0)
         ax.set(title=f"held-out: {split}", xlabel="rollouts (sampled trajectories)", ylabel="success (%), mean ± std",
-               ylim=(0, 100))
+               ylim=(0, min(100, 10 * math.ceil(top / 10 + 0.5))))
         ax.grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
