@@ -102,6 +102,8 @@ def update(model, algorithm: Algorithm, tokenizer, optimizer, scheduler, batch: 
     """epochs x minibatches optimizer steps over one rollout batch, with gradient accumulation."""
     t, temp = cfg.train, cfg.rollout.temperature
     params = [p for group in optimizer.param_groups for p in group["params"]]
+    max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+    passes = t.epochs_per_batch * t.minibatches
     sums: dict[str, float] = {}
     for _ in range(t.epochs_per_batch):
         order = torch.randperm(len(batch)) if t.minibatches > 1 else torch.arange(len(batch))
@@ -124,10 +126,10 @@ def update(model, algorithm: Algorithm, tokenizer, optimizer, scheduler, batch: 
                 loss, metrics = algorithm.loss(mb, mctx, student, teacher, reference)
                 w = _weight(mb, cfg) / weight_total
                 (loss * w).backward()
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v * w / (t.epochs_per_batch * t.minibatches)
-            norm = torch.nn.utils.clip_grad_norm_(params, t_clip if (t_clip := cfg.optim.grad_clip) > 0 else float("inf"))
-            sums["optim/grad_norm"] = sums.get("optim/grad_norm", 0.0) + float(norm) / (t.epochs_per_batch * t.minibatches)
+                for k, v in metrics.items():  # averaged over micro-batches (by weight) and passes
+                    sums[k] = sums.get(k, 0.0) + v * w / passes
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            sums["optim/grad_norm"] = sums.get("optim/grad_norm", 0.0) + float(norm) / passes
             optimizer.step()
             scheduler.step()
             if algorithm.teacher is not None:
