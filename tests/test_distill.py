@@ -13,7 +13,7 @@ from lopd.envs.base import Task
 from lopd.models import EMATeacher, FrozenView, LiveTeacher, load_policy
 from lopd.prompts import encode_prompt, with_context
 from lopd.rollout import RolloutBatch, sample
-from lopd.tokens import TokenStats, token_divergence
+from lopd.tokens import TokenStats, _divergence_chunk, token_divergence
 from lopd.train import teacher_stats
 
 V, H = 30, 6
@@ -116,6 +116,45 @@ def test_sampled_estimator_gradient_matches_the_exact_gradient_in_expectation():
     assert mc.item() == pytest.approx(exact.item(), abs=0.03)  # its value estimates the KL too
     torch.testing.assert_close(g_s, e_s, atol=0.03, rtol=0)
     torch.testing.assert_close(g_t, e_t, atol=0.03, rtol=0)
+
+
+def _graph_names(t: torch.Tensor) -> set[str]:
+    seen, stack = set(), [t.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn.name() in seen:
+            continue
+        seen.add(fn.name())
+        stack.extend(f for f, _ in fn.next_functions)
+    return seen
+
+
+@pytest.mark.parametrize("heads", ["frozen", "trained"])
+@pytest.mark.parametrize("quantity", ["full", "topk", "jsd", "logprobs"])
+def test_both_gradient_paths_match_autograd_over_materialised_logits(heads, quantity):
+    """Frozen heads (LoRA): per-token gradients taken in the forward pass; trained heads: checkpointed
+    recompute. Either way, values and gradients of a randomly weighted sum equal plain autograd over the
+    full [B, T, V] float64 logits, including the heads' weight gradients when they are trained."""
+    s, t = _pair(B=3, T=5, grad_teacher=True)
+    for head in (s.head, t.head):
+        head.requires_grad_(heads == "trained")
+    w = torch.rand(3, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+    def compute(stats_s, stats_t):
+        if quantity == "logprobs":
+            return stats_s.logprobs() + stats_t.logprobs()
+        return token_divergence(stats_s, stats_t, quantity, topk=4, alpha=0.3)
+
+    got = compute(s, t)
+    assert ("_PerTokenGradBackward" in _graph_names(got)) == (heads == "frozen")
+    if quantity == "logprobs":  # the reference: plain autograd over the whole [B, T, V] at once
+        ref = s._chunk_logprobs(s.hidden, s.targets) + t._chunk_logprobs(t.hidden, t.targets)
+    else:
+        ref = _divergence_chunk(s.head, t.head, 1.0, quantity, 4, 0.3, s.hidden, t.hidden)
+    torch.testing.assert_close(got, ref, atol=1e-12, rtol=0)
+    inputs = [s.hidden, t.hidden] + ([s.head.weight, t.head.weight] if heads == "trained" else [])
+    for a, b in zip(torch.autograd.grad((w * got).sum(), inputs), torch.autograd.grad((w * ref).sum(), inputs)):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
 
 
 def test_teacher_gradient_flows_only_where_asked():

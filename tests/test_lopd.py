@@ -6,6 +6,7 @@ from safetensors.torch import load_file
 
 from conftest import small_overrides
 from lopd.algorithms import build_algorithm
+from lopd.cli import config_path
 from lopd.config import load_config
 from lopd.models import FrozenView, load_policy, make_teacher, trainable_parameters
 from lopd.runs import RunDir
@@ -111,3 +112,21 @@ def test_resume_restores_bank_composer_and_lambda(tmp_path):
     ea = (full / "bank" / "entries.jsonl").read_text()
     eb = (resumed / "bank" / "entries.jsonl").read_text()
     assert ea == eb  # the redone step's experiences were not stored twice
+
+
+@pytest.mark.parametrize("architecture", ["qwen3", "llama"])
+def test_lopd_trains_a_lora_adapter_on_other_backbone_families(tmp_path, architecture):
+    """The latent teacher (inputs_embeds prefix on the adapter-disabled model) on a Qwen3/Llama LoRA policy."""
+    from lopd.models import save_random_backbone
+
+    folder = save_random_backbone(tmp_path / "model", architecture)
+    run_dir = tmp_path / "run"
+    cfg = load_config(config_path("lopd"), small_overrides(run_dir, **{
+        "model.name": folder, "model.lora.enabled": "true", "model.lora.r": 4, "train.max_rollouts": 16,
+        "algorithm.retrieval.embedder": "backbone", "eval.every_rollouts": 0}))
+    train(cfg, quiet=True)
+    assert (run_dir / "finished").is_file()
+    rows = [r for r in RunDir(run_dir).read_metrics() if r["kind"].startswith("train")]
+    assert len(rows) == 2 and all(torch.isfinite(torch.tensor(r["loss/distill"])) for r in rows)
+    adapter = load_file(next(run_dir.glob("checkpoints/*/model/adapter_model.safetensors")))
+    assert adapter and all("lora_" in k for k in adapter)

@@ -107,6 +107,31 @@ def load_policy(cfg, device: torch.device | str = "cpu"):
     return model, tokenizer
 
 
+def save_random_backbone(folder: str | Path, architecture: str = "qwen3", *, hidden: int = 64, layers: int = 2,
+                         heads: int = 4, kv_heads: int = 2, intermediate: int = 128, vocab: int | None = None,
+                         seed: int = 0) -> Path:
+    """Write a randomly initialised `llama` or `qwen3` causal LM with the bundled tiny tokenizer to `folder`.
+
+    For shape, memory and throughput checks of the code paths at any size (e.g. Qwen3-0.6B's shape with
+    its 151,936-token head) where the real weights are not on the machine. `vocab` defaults to the
+    tokenizer's; a larger head is allowed (sampled ids beyond the tokenizer decode to nothing).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(tiny_folder())
+    config = AutoConfig.for_model(
+        architecture, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, intermediate_size=intermediate, head_dim=hidden // heads,
+        vocab_size=vocab or len(tokenizer), max_position_embeddings=4096, tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def is_lora(model: nn.Module) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
 

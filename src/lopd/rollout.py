@@ -68,6 +68,11 @@ class RolloutBatch(Samples):
             out.completion_attention = self.completion_attention[:, :last]
         return out
 
+    def to(self, device: torch.device | str) -> "RolloutBatch":
+        """The same batch with every tensor on `device` (batches are built on the CPU)."""
+        return RolloutBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v
+                               for k, v in ((k, getattr(self, k)) for k in self.__dataclass_fields__)})
+
     def select(self, index: torch.Tensor) -> "RolloutBatch":
         """The trajectories at `index` (a minibatch), every field sliced alike."""
         idx = index.tolist()

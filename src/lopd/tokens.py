@@ -3,12 +3,20 @@
 `score_completions` runs the backbone once over [prefix ; prompt ; completion] and keeps only the
 hidden states at the positions that predict completion tokens. `TokenStats` turns them into
 log-probs (and, for the distillation losses, full-vocabulary quantities) chunk by chunk through the
-output head; each chunk is recomputed in the backward pass (activation checkpointing) so its
-[B, chunk, V] logits are never held for the whole sequence.
+output head, so [B, chunk, V] logits are never held for the whole sequence.
+
+Every such quantity is per token: its value at position t depends on the hidden states at t alone.
+When no output head has a trainable weight (LoRA, the usual case at scale), each chunk's gradient with
+respect to its hidden states is therefore computed in the forward pass and kept ([B, chunk, H], small);
+the backward pass only scales it by the incoming per-token gradient (`_PerTokenGrad`): no recompute,
+fewer matrix products than autograd over materialised logits. When a head is trained (a full fine-tune
+of a tied-embedding model), the chunk is instead recomputed in the backward pass (activation
+checkpointing), since its weight gradient depends on the per-token weights that arrive only then.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -16,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-DEFAULT_CHUNK = 256  # completion positions per output-head chunk
+DEFAULT_CHUNK = 128  # completion positions per output-head chunk
 
 
 def upcast(x: Tensor) -> Tensor:
@@ -45,6 +53,39 @@ class WeightsDetached(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         params = {k: v.detach() for k, v in self.inner.named_parameters()}
         return torch.func.functional_call(self.inner, params, (x,))
+
+
+def _trains_weights(*heads: nn.Module) -> bool:
+    return any(not isinstance(h, WeightsDetached) and any(p.requires_grad for p in h.parameters()) for h in heads)
+
+
+class _PerTokenGrad(torch.autograd.Function):
+    """out[b, t] = fn(*hiddens[:, t]) with each position independent and no trainable weights inside fn:
+    d out[b, t] / d hidden[b, t] is taken in the forward pass; backward multiplies it by grad_out[b, t]."""
+
+    @staticmethod
+    def forward(ctx, fn, *hiddens: Tensor) -> Tensor:
+        leaves = [h.detach().requires_grad_(h.requires_grad) for h in hiddens]
+        with torch.enable_grad():
+            out = fn(*leaves)  # [B, c]
+            wanted = [x for x in leaves if x.requires_grad]
+            grads = iter(torch.autograd.grad(out.sum(), wanted) if wanted else ())
+        ctx.save_for_backward(*[next(grads) if x.requires_grad else None for x in leaves])
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        scale = grad_out.unsqueeze(-1)  # [B, c, 1]
+        return (None, *[None if g is None else (g * scale).to(g.dtype) for g in ctx.saved_tensors])
+
+
+def per_token(fn, heads: tuple[nn.Module, ...], *hiddens: Tensor) -> Tensor:
+    """fn(*hiddens) -> [B, c] for one chunk, with the cheapest exact gradient path (see the module doc)."""
+    if not (torch.is_grad_enabled() and any(h.requires_grad for h in hiddens)):
+        return fn(*hiddens)
+    if _trains_weights(*heads):
+        return checkpoint(fn, *hiddens, use_reentrant=False)
+    return _PerTokenGrad.apply(fn, *hiddens)
 
 
 @dataclass
@@ -83,11 +124,9 @@ class TokenStats:
             T = self.hidden.shape[1]
             for start in range(0, T, self.chunk):
                 sl = slice(start, min(T, start + self.chunk))
-                args = (self.hidden[:, sl], self.targets[:, sl])
-                if torch.is_grad_enabled() and self.hidden.requires_grad:
-                    parts.append(checkpoint(self._chunk_logprobs, *args, use_reentrant=False))
-                else:
-                    parts.append(self._chunk_logprobs(*args))
+                targets = self.targets[:, sl]
+                fn = functools.partial(self._chunk_logprobs, targets=targets)  # bound now, not at recompute
+                parts.append(per_token(fn, (self.head,), self.hidden[:, sl]))
             self._logprobs = torch.cat(parts, dim=1) * self.mask
         return self._logprobs
 
@@ -168,7 +207,7 @@ def token_divergence(student: TokenStats, teacher: TokenStats, estimator: str = 
       jsd      generalised Jensen-Shannon with weight alpha: 1 = reverse KL, 0 = forward KL(teacher || student)
 
     Gradients flow into whichever side's hidden states require them (detach a side to stop them). Full-
-    vocabulary estimators run chunk by chunk and recompute each chunk in the backward pass, so peak memory
+    vocabulary estimators run chunk by chunk (see the module doc for the gradient path), so peak memory
     holds one [B, chunk, V] block per model, never [B, T, V].
     """
     estimator = getattr(estimator, "value", estimator)
@@ -180,12 +219,10 @@ def token_divergence(student: TokenStats, teacher: TokenStats, estimator: str = 
         raise ValueError(f"distillation estimator '{estimator}' is not one of {', '.join(ESTIMATORS)}")
     parts = []
     T = student.hidden.shape[1]
-    needs_grad = torch.is_grad_enabled() and (student.hidden.requires_grad or teacher.hidden.requires_grad)
+    fn = functools.partial(_divergence_chunk, student.head, teacher.head, student.temperature, estimator, topk, alpha)
     for start in range(0, T, student.chunk):
         sl = slice(start, min(T, start + student.chunk))
-        args = (student.head, teacher.head, student.temperature, estimator, topk, alpha,
-                student.hidden[:, sl], teacher.hidden[:, sl])
-        parts.append(checkpoint(_divergence_chunk, *args, use_reentrant=False) if needs_grad else _divergence_chunk(*args))
+        parts.append(per_token(fn, (student.head, teacher.head), student.hidden[:, sl], teacher.hidden[:, sl]))
     return torch.cat(parts, dim=1) * student.mask
 
 

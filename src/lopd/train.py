@@ -47,13 +47,18 @@ class RunState:
 
 
 class Timer:
+    """Wall-clock seconds per named phase; on a GPU each phase ends with a synchronise, so queued kernels
+    are charged to the phase that launched them."""
+
     def __init__(self):
         self.seconds: dict[str, float] = {}
+        self.sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
 
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
         start = time.perf_counter()
         yield
+        self.sync()
         self.seconds[f"time/{phase}"] = self.seconds.get(f"time/{phase}", 0.0) + time.perf_counter() - start
 
 
@@ -104,6 +109,7 @@ def update(model, algorithm: Algorithm, tokenizer, optimizer, scheduler, batch: 
     params = [p for group in optimizer.param_groups for p in group["params"]]
     max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
     passes = t.epochs_per_batch * t.minibatches
+    device = params[0].device
     sums: dict[str, float] = {}
     for _ in range(t.epochs_per_batch):
         order = torch.randperm(len(batch)) if t.minibatches > 1 else torch.arange(len(batch))
@@ -111,7 +117,7 @@ def update(model, algorithm: Algorithm, tokenizer, optimizer, scheduler, batch: 
             optimizer.zero_grad(set_to_none=True)
             weight_total = _weight(batch.select(mb_index), cfg)
             for micro in mb_index.split(t.micro_batch_size):
-                mb, mctx = batch.select(micro).trimmed(), ctx.select(micro)
+                mb, mctx = batch.select(micro).trimmed().to(device), ctx.select(micro).to(device)
                 student = score_completions(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
                                             mb.completion_mask, completion_attention=mb.completion_attention,
                                             temperature=temp)
@@ -255,6 +261,8 @@ def train(cfg: LopdConfig, *, stop_after: int | None = None, quiet: bool = False
             state.rollouts += len(batch)
             state.tokens += batch.num_tokens
             row = {"kind": "train", **batch_metrics(batch, cfg), **metrics}
+            if device.type == "cuda":
+                row["memory/peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
             every = cfg.eval.every_rollouts
             if state.step == total_steps or (every and state.rollouts // every > prev // every):
                 row.update({"kind": "train+eval", **run_eval(timer)})

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
@@ -36,6 +37,10 @@ class Context:
                 value = [value[i] for i in index.tolist()]
             out[f.name] = value
         return type(self)(**out)
+
+    def to(self, device: torch.device | str) -> "Context":
+        return type(self)(**{f.name: getattr(self, f.name).to(device) if isinstance(getattr(self, f.name), Tensor)
+                             else getattr(self, f.name) for f in fields(self)})
 
 
 class Algorithm:

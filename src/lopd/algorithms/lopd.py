@@ -213,7 +213,7 @@ class LOPD(Algorithm):
                    "context/delta_failure": float(delta[~success].mean().detach()) if (~success).any() else 0.0,
                    "context/margin_violation": mean_of((slack.detach() > 0).float(), active),
                    "context/privilege": mean_of((adv * delta).detach(), active),
-                   "context/lambda": self.lam, "context/gate": float(torch.tanh(self.composer.gate)),
+                   "context/lambda": self.lam, "context/gate": float(torch.tanh(self.composer.gate.detach())),
                    "context/latent_norm": self._last_norm, **self._retrieval_metrics}
         if d.pg_weight > 0:
             pg, pg_metrics = grpo_loss(self.cfg, batch, ctx.advantages, student, reference)
