@@ -100,3 +100,16 @@ def test_stat_intervals_and_verdicts():
     assert compare_stats(stat([0.9, 0.91, 0.92]), stat([0.1, 0.11, 0.12])) == "higher"
     assert compare_stats(stat([0.5, 0.6, 0.7]), stat([0.55, 0.65, 0.6])) == "no clear difference"
     assert compare_stats(stat([0.5]), stat([0.1])) == "too few seeds"
+
+
+def test_eval_table_stacks_disjoint_category_splits_with_a_row_weighted_summary():
+    from lopd.evaluate import EvalResult, category_table
+
+    a = EvalResult("cat_a", 2, 0.5, 0.5, {"cat_a": (2, 0.5)}, modes={"official": 0.5, "strict": 0.0},
+                   per_category_modes={"official": {"cat_a": 0.5}, "strict": {"cat_a": 0.0}})
+    b = EvalResult("cat_b", 6, 1.0, 1.0, {"cat_b": (6, 1.0)}, modes={"official": 1.0, "strict": 0.5},
+                   per_category_modes={"official": {"cat_b": 1.0}, "strict": {"cat_b": 0.5}})
+    lines = category_table([a, b]).splitlines()
+    assert lines[0] == "| category | n | official % | strict % |"
+    assert lines[2] == "| cat_a | 2 | 50.0 | 0.0 |" and lines[3] == "| cat_b | 6 | 100.0 | 50.0 |"
+    assert lines[4] == "| **all (weighted by rows)** | 8 | **87.5** | **37.5** |"  # (1 + 6) / 8, (0 + 3) / 8

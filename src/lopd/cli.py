@@ -119,8 +119,12 @@ def cmd_eval(args) -> int:
           f"{'greedy' if cfg.eval.temperature <= 0 else f'temperature {cfg.eval.temperature}'}")
     print(category_table(results))
     if args.json:
-        Path(args.json).write_text(json.dumps({r.split: {"n": r.n, "success": r.success, "reward": r.reward,
-                                                         "per_category": r.per_category} for r in results}, indent=1))
+        Path(args.json).write_text(json.dumps({
+            "model": cfg.model.name, "checkpoint": checkpoint, "env": cfg.env.name, "max_tasks": cfg.eval.max_tasks,
+            "max_new_tokens": cfg.rollout.max_new_tokens, "temperature": cfg.eval.temperature,
+            "splits": {r.split: {"n": r.n, "success": r.success, "reward": r.reward, "modes": r.modes,
+                                 "per_category": r.per_category, "per_category_modes": r.per_category_modes}
+                       for r in results}}, indent=1))
     return 0
 
 

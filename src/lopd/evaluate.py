@@ -73,7 +73,12 @@ def evaluate(model, tokenizer, env: Env, split: str, *, max_tasks: int = 0, temp
 
 
 def category_table(results: list[EvalResult]) -> str:
-    """Markdown table: one row per category, one column per split (and per scoring mode, if several)."""
+    """Markdown table: one row per category, one column per split (and per scoring mode, if several).
+    When the splits are themselves disjoint categories (`--split cat_a cat_b ...`), one column per mode
+    and a last row weighted by row count."""
+    owners = [c for r in results for c in r.per_category]
+    if len(results) > 1 and len(owners) == len(set(owners)):
+        return _stacked_table(results)
     cats = sorted({c for r in results for c in r.per_category})
     columns = [(r, mode) for r in results for mode in (list(r.modes) or [None])]
     head = "| category | " + " | ".join(f"{r.split}{f' {m}' if m else ''} % (n)" for r, m in columns) + " |"
@@ -88,4 +93,18 @@ def category_table(results: list[EvalResult]) -> str:
         rows.append(f"| {c} | " + " | ".join(cells) + " |")
     rows.append("| **all** | " + " | ".join(f"**{100 * (r.modes[m] if m else r.success):.1f}** ({r.n})"
                                         for r, m in columns) + " |")
+    return "\n".join(rows)
+
+
+def _stacked_table(results: list[EvalResult]) -> str:
+    modes = list(results[0].modes) or [None]
+    head = "| category | n | " + " | ".join(f"{m or 'success'} %" for m in modes) + " |"
+    rows = [head, "|---|---:|" + "---:|" * len(modes)]
+    total = sum(r.n for r in results)
+    for r in results:
+        for c, (n, success) in r.per_category.items():
+            cells = [100 * (r.per_category_modes[m][c] if m else success) for m in modes]
+            rows.append(f"| {c} | {n} | " + " | ".join(f"{v:.1f}" for v in cells) + " |")
+    summary = [100 * sum((r.modes[m] if m else r.success) * r.n for r in results) / max(total, 1) for m in modes]
+    rows.append(f"| **all (weighted by rows)** | {total} | " + " | ".join(f"**{v:.1f}**" for v in summary) + " |")
     return "\n".join(rows)
