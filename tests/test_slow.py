@@ -36,4 +36,11 @@ def test_smollm2_lora_trains_a_few_steps_on_acebench(tmp_path, method):
     assert rows[-1]["rollouts"] == 8 and "eval/test/success" in rows[-1]
     first = load_file(RunDir(path).checkpoints / "step_000001" / "model" / "adapter_model.safetensors")
     last = load_file(RunDir(path).latest_checkpoint() / "model" / "adapter_model.safetensors")
-    assert any(not torch.equal(first[k], last[k]) for k in first)  # the adapter trained
+    changed = any(not torch.equal(first[k], last[k]) for k in first)
+    train_rows = [r for r in rows if r["kind"].startswith("train")]
+    if method == "grpo" and not any(r["reward/mixed_groups"] > 0 for r in train_rows[1:]):
+        # SmolLM2-135M solves almost nothing on ACEBench: with no reward variance in any group every
+        # advantage is 0, and the correct update is exactly none
+        assert not changed
+    else:
+        assert changed  # the adapter trained
