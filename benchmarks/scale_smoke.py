@@ -39,8 +39,6 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="extra key=value config overrides")
     args = ap.parse_args()
 
-    import torch
-
     from lopd.cli import config_path
     from lopd.config import load_config
     from lopd.models import save_random_backbone

@@ -70,8 +70,8 @@ class RolloutBatch(Samples):
 
     def to(self, device: torch.device | str) -> "RolloutBatch":
         """The same batch with every tensor on `device` (batches are built on the CPU)."""
-        return RolloutBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v
-                               for k, v in ((k, getattr(self, k)) for k in self.__dataclass_fields__)})
+        values = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return RolloutBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in values.items()})
 
     def select(self, index: torch.Tensor) -> "RolloutBatch":
         """The trajectories at `index` (a minibatch), every field sliced alike."""

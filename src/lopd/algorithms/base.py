@@ -39,8 +39,8 @@ class Context:
         return type(self)(**out)
 
     def to(self, device: torch.device | str) -> "Context":
-        return type(self)(**{f.name: getattr(self, f.name).to(device) if isinstance(getattr(self, f.name), Tensor)
-                             else getattr(self, f.name) for f in fields(self)})
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return type(self)(**{k: v.to(device) if isinstance(v, Tensor) else v for k, v in values.items()})
 
 
 class Algorithm:
