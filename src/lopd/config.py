@@ -61,6 +61,31 @@ class TeacherWeights(str, enum.Enum):
     live = "live"  # the student's current weights, detached
 
 
+class SkillExtractor(str, enum.Enum):
+    rule = "rule"  # deterministic: the successful call itself (for models too small to summarise)
+    model = "model"  # the backbone summarises the success in one sentence (greedy)
+
+
+class LatentPosition(str, enum.Enum):
+    in_context = "in_context"  # where a text context stands: the end of the system message
+    prefix = "prefix"  # before the whole chat template
+
+
+class ComposerObjective(str, enum.Enum):
+    kl = "kl"  # beta * KL(sg student || teacher) + lambda * margin hinge
+    privilege = "privilege"  # -privilege_weight * mean A * Delta + beta * KL (trust region) + lambda * hinge
+
+
+class RememberWhat(str, enum.Enum):
+    all = "all"  # every scored trajectory (failures can be retrieved with retrieve_failures)
+    successes = "successes"
+
+
+class Eviction(str, enum.Enum):
+    fifo = "fifo"  # the oldest entry leaves a full bank
+    lowest_reward = "lowest_reward"  # the lowest-reward entry (oldest among equals)
+
+
 @dataclass
 class LoraConfig:
     enabled: bool = _help("train a LoRA adapter instead of all weights", False)
@@ -130,7 +155,7 @@ class SDPOConfig:
 
 @dataclass
 class SkillConfig:
-    extractor: str = _help("'rule' (deterministic, for small models) or 'model' (the backbone summarises)", "rule")
+    extractor: SkillExtractor = _help("how a success becomes a skill", SkillExtractor.rule)
     top_k: int = _help("skills retrieved per task", 3)
     capacity: int = _help("skills kept in the library (oldest evicted)", 512)
     min_similarity: float = _help("skills less similar than this are not retrieved", 0.0)
@@ -145,26 +170,32 @@ class RetrievalConfig:
 
 @dataclass
 class LOPDConfig:
-    latent_tokens: int = _help("K: continuous tokens the composer puts in front of the teacher's prompt", 64)
+    latent_tokens: int = _help("K: latent slots in the teacher's prompt (over the context's tokens: at most K "
+                               "of them are kept)", 64)
+    position: LatentPosition = _help("where the latent slots go in the teacher's prompt", LatentPosition.in_context)
     retrieve_k: int = _help("k: experiences retrieved per task", 4)
-    retrieve: bool = _help("condition the composer on retrieved experiences (false: a learned task-independent prefix)", True)
+    retrieve: bool = _help("condition the composer on retrieved experiences (false: a learned task-independent context)", True)
     retrieve_failures: bool = _help("also retrieve failed trajectories (marked as such)", False)
-    remember: str = _help("trajectories stored in the bank: 'all' or 'successes'", "all")
+    remember: RememberWhat = _help("trajectories stored in the bank", RememberWhat.all)
     min_similarity: float = _help("experiences less similar than this are not retrieved", 0.0)
     layers: int = _help("resampler layers", 2)
     heads: int = _help("resampler attention heads", 4)
     width: int = _help("resampler width (0 = the backbone's hidden size)", 0)
-    gate_init: float = _help("initial gate: z = base + tanh(gate) * composed (0: z starts as the base)", 0.0)
-    copy_experience_tokens: bool = _help("base = the retrieved experiences' token embeddings (soft text); "
-                                         "false: K neutral filler tokens", True)
+    gate_init: float = _help("initial gate: slot = base + tanh(gate) * composed (0: the slots start as the base)", 0.0)
+    copy_experience_tokens: bool = _help("slots lie over the retrieved experiences' text context (soft text, "
+                                         "= lopd_text at gate 0); false: K slots of a neutral filler token", True)
     train_composer: bool = _help("train the composer (false: the frozen random-composer ablation)", True)
     composer_lr: float = _help("learning rate of the composer", 1e-2)
+    objective: ComposerObjective = _help("the composer's objective", ComposerObjective.kl)
+    privilege_weight: float = _help("weight of -mean(A * Delta) in the `privilege` objective", 1.0)
     beta: float = _help("weight of KL(sg student || teacher) in the composer's objective", 1.0)
     margin: float = _help("m: required privilege A * Delta per trajectory, in nats per token", 0.05)
     margin_coef: float = _help("lambda: initial weight of the privileged margin (0 with dual_lr 0 = no margin)", 1.0)
     dual_lr: float = _help("dual ascent on lambda: lambda += dual_lr * mean(m - A * Delta); 0 = fixed", 0.0)
+    composer_warmup_steps: int = _help("the first this many batches train only the composer (the student waits)", 0)
+    composer_passes: int = _help("composer-only passes over each batch before the joint update", 0)
     bank_capacity: int = _help("experiences kept in the bank (0 = unbounded)", 100_000)
-    eviction: str = _help("which experience leaves a full bank: 'fifo' or 'lowest_reward'", "fifo")
+    eviction: Eviction = _help("which experience leaves a full bank", Eviction.fifo)
     max_experience_tokens: int = _help("tokens of an experience the composer reads", 64)
     cache_entries: int = _help("encoded experiences cached in memory (LRU)", 8192)
 

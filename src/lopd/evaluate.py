@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lopd.envs.base import Env
-from lopd.prompts import encode_prompt
-from lopd.rollout import sample, sample_episodes
+from lopd.rollout import sample_and_score
 
 
 @dataclass
@@ -23,7 +22,7 @@ class EvalResult:
     success: float
     reward: float
     per_category: dict[str, tuple[int, float]] = field(default_factory=dict)  # category -> (n, success)
-    samples: list[dict] = field(default_factory=list)  # a few tasks with their completion and verdict
+    samples: list[dict] = field(default_factory=list)  # evaluated tasks with their completion and verdict
     modes: dict[str, float] = field(default_factory=dict)  # scoring mode -> success (envs with official/strict)
     per_category_modes: dict[str, dict[str, float]] = field(default_factory=dict)  # mode -> category -> success
 
@@ -34,23 +33,21 @@ class EvalResult:
 
 
 def evaluate(model, tokenizer, env: Env, split: str, *, max_tasks: int = 0, temperature: float = 0.0,
-             max_new_tokens: int = 64, batch_size: int = 128, seed: int = 0, keep_samples: int = 20,
+             max_new_tokens: int = 64, batch_size: int = 128, seed: int = 0, keep_samples: int = 0,
              max_turns: int = 4) -> EvalResult:
+    """The student alone on `split` (its first `max_tasks` tasks; 0 = all). `keep_samples`: how many
+    evaluated tasks keep their completion and verdict in `samples` (0 = all)."""
     tasks = list(env.tasks(split))
     if max_tasks:
         tasks = tasks[:max_tasks]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        kw = dict(temperature=temperature, max_new_tokens=max_new_tokens, batch_size=batch_size)
-        if hasattr(env, "step"):  # multi-turn: the env answers until the episode ends
-            out, episodes = sample_episodes(model, tokenizer, env, tasks, max_turns=max_turns, **kw)
-            scores = [env.score_episode(t, h) for t, h in zip(tasks, episodes)]
-        else:
-            out = sample(model, tokenizer, [encode_prompt(tokenizer, t.messages) for t in tasks], **kw)
-            scores = [env.score(t, text) for t, text in zip(tasks, out.texts)]
+        out = sample_and_score(model, tokenizer, env, tasks, temperature=temperature, max_new_tokens=max_new_tokens,
+                               batch_size=batch_size, max_turns=max_turns)
+    success = out.success.tolist()
     groups: dict[str, list[bool]] = defaultdict(list)
-    for t, s in zip(tasks, scores):
-        groups[t.category].append(s.success)
+    for t, ok in zip(tasks, success):
+        groups[t.category].append(ok)
     n = len(tasks)
     modes: dict[str, float] = {}
     per_mode: dict[str, dict[str, float]] = {}
@@ -62,14 +59,13 @@ def evaluate(model, tokenizer, env: Env, split: str, *, max_tasks: int = 0, temp
             for t, v in zip(tasks, verdicts):
                 by_cat[t.category].append(v[mode].success)
             per_mode[mode] = {c: sum(x) / len(x) for c, x in by_cat.items()}
-    return EvalResult(modes=modes, per_category_modes=per_mode,
-                      
-        split=split, n=n,
-        success=sum(s.success for s in scores) / max(n, 1),
-        reward=sum(s.reward for s in scores) / max(n, 1),
+    kept = list(zip(tasks, out.texts, success, out.feedback))[: keep_samples or None]
+    return EvalResult(
+        split=split, n=n, success=sum(success) / max(n, 1), reward=sum(out.rewards.tolist()) / max(n, 1),
         per_category={c: (len(v), sum(v) / len(v)) for c, v in sorted(groups.items())},
-        samples=[{"id": t.id, "completion": text, "success": s.success, "feedback": s.feedback,
-                  "reference": env.reference(t)} for t, text, s in list(zip(tasks, out.texts, scores))[:keep_samples]])
+        modes=modes, per_category_modes=per_mode,
+        samples=[{"id": t.id, "completion": text, "success": ok, "feedback": fb, "reference": env.reference(t)}
+                 for t, text, ok, fb in kept])
 
 
 def category_table(results: list[EvalResult]) -> str:

@@ -85,14 +85,29 @@ def sequence_mean(per_token: Tensor, mask: Tensor) -> Tensor:
     return (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-def privileged_margin(delta: Tensor, advantages: Tensor, margin: float) -> tuple[Tensor, Tensor]:
-    """LOPD's hinge on the teacher's privilege, averaged over trajectories with a non-zero advantage.
+def privileged_margin(delta: Tensor, advantages: Tensor, margin: float,
+                      active: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """LOPD's hinge on the teacher's privilege, averaged over the trajectories it constrains.
 
-    delta: [B] Delta(y) = mean_t [log pi_T(y_t | z, x, y<t) - log pi_0(y_t | x, y<t)]; advantages: [B].
-        loss  = mean_{y: A != 0} max(0, m - A(y) * Delta(y))
+    delta: [B] Delta(y) = mean_t [log pi_T(y_t | z, x, y<t) - log pi_0(y_t | x, y<t)]; advantages: [B];
+    active: [B] bool, optional (LOPD: the trajectories whose teacher got a context).
+        loss  = mean_{y: A != 0, active} max(0, m - A(y) * Delta(y))
     Returns (loss, slack [B] = m - A * Delta). A group whose rewards are all equal (A = 0) says nothing
     about better or worse and is left out.
     """
     slack = margin - advantages * delta  # [B]
-    active = (advantages != 0).to(delta.dtype)
-    return (torch.relu(slack) * active).sum() / active.sum().clamp(min=1), slack
+    use = constrained(advantages, active).to(delta.dtype)
+    return (torch.relu(slack) * use).sum() / use.sum().clamp(min=1), slack
+
+
+def privilege(delta: Tensor, advantages: Tensor, active: Tensor | None = None) -> Tensor:
+    """mean_{y: A != 0, active} A(y) * Delta(y): how much the context raises better-than-average trajectories
+    and lowers worse ones (nats per token). LOPD's `privilege` objective maximises it.   [B], [B] -> []"""
+    use = constrained(advantages, active).to(delta.dtype)
+    return (advantages * delta * use).sum() / use.sum().clamp(min=1)
+
+
+def constrained(advantages: Tensor, active: Tensor | None = None) -> Tensor:
+    """[B] bool: trajectories with a non-zero advantage (and `active`, if given)."""
+    use = advantages != 0
+    return use if active is None else use & active.to(torch.bool)

@@ -60,3 +60,26 @@ def prompt_text(tokenizer, messages: Sequence[dict], context: str | None = None)
 
 def encode_prompt(tokenizer, messages: Sequence[dict], context: str | None = None) -> list[int]:
     return tokenizer(prompt_text(tokenizer, messages, context), add_special_tokens=False)["input_ids"]
+
+
+PLACEHOLDER = "(context)"  # marks where latent slots go when no text context is given (its tokens are replaced)
+
+
+def context_span(tokenizer, messages: Sequence[dict], context: str | None) -> tuple[list[int], int, int]:
+    """The prompt's token ids with `context` in place (exactly `encode_prompt`'s), and the token span
+    [start, end) that the context's characters occupy (tokens straddling its edges included).
+    No context: the plain prompt and the empty span (0, 0)."""
+    if context is None:
+        return encode_prompt(tokenizer, messages), 0, 0
+    text = prompt_text(tokenizer, messages, context)
+    begin = prompt_text(tokenizer, messages, _MARK).index(_MARK)  # what precedes a context never depends on it
+    if text[begin:begin + len(context)] != context:
+        raise ValueError("the chat template does not render a system-message context verbatim; latent slots "
+                         "cannot be placed in context (use algorithm.lopd.position=prefix)")
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    inside = [i for i, (a, b) in enumerate(enc["offset_mapping"]) if a < begin + len(context) and b > begin]
+    start, end = (inside[0], inside[-1] + 1) if inside else (0, 0)
+    return enc["input_ids"], start, end
+
+
+_MARK = "\x00lopd-context\x00"

@@ -3,12 +3,13 @@
 `sample` left-pads prompts, decodes with Hugging Face `generate` (KV cache, temperature, top-p, EOS),
 and returns right-padded completions whose mask covers every generated token up to and including
 the first EOS. The sampler's log-probs are log softmax(logits / temperature) at the sampled tokens,
-the untruncated distribution, which is exactly what `tokens.completion_logprobs` recomputes at the
-same temperature, so the importance ratio of an un-updated policy is 1.
+the untruncated distribution, which is exactly what `tokens.score_completions(...).logprobs()` recomputes
+at the same temperature, so the importance ratio of an un-updated policy is 1.
 
-`collect` samples G trajectories per task, scores them with the env, and returns a `RolloutBatch`;
-for envs with a `step` method, `sample_episodes` runs multi-turn episodes (tool results and user turns
-fed back as observations, masked from every loss).
+`sample_and_score` samples G trajectories per task, scores them with the env, and returns a
+`RolloutBatch`, for training (`collect`) and evaluation alike; for envs with a `step` method,
+`sample_episodes` runs multi-turn episodes (tool results and user turns fed back as observations,
+masked from every loss).
 """
 
 from __future__ import annotations
@@ -232,25 +233,44 @@ def sample_episodes(model, tokenizer, env: Env, tasks: Sequence[Task], *, max_tu
     return out, history
 
 
-def collect(model, tokenizer, env: Env, tasks: Sequence[Task], cfg, timer=None) -> RolloutBatch:
-    """G trajectories per task (`cfg` is a RolloutConfig), sampled from the policy and scored by the env.
-    Envs with a `step` method run as multi-turn episodes; the others answer in one completion."""
+def score_all(env: Env, tasks: Sequence[Task], completions: Sequence[str]) -> list:
+    """The env's Score of every (task, completion), through its batched path when it has one
+    (`score_many`: HumanEval's parallel sandboxes), else one at a time."""
+    if hasattr(env, "score_many"):
+        return list(env.score_many(list(zip(tasks, completions))))
+    return [env.score(t, c) for t, c in zip(tasks, completions)]
+
+
+def sample_and_score(model, tokenizer, env: Env, tasks: Sequence[Task], *, group_size: int = 1,
+                     temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 64, batch_size: int = 128,
+                     max_turns: int = 4, timer=None) -> RolloutBatch:
+    """`group_size` trajectories per task, sampled from the policy (temperature 0: greedy) and scored by
+    the env, as a `RolloutBatch`; the one path of training rollouts and held-out evaluation. Envs with a
+    `step` method run as multi-turn episodes; the others answer in one completion."""
     from contextlib import nullcontext
 
     phase = timer or (lambda name: nullcontext())
-    owners = [t for t in tasks for _ in range(cfg.group_size)]
-    kw = dict(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size)
+    owners = [t for t in tasks for _ in range(group_size)]
+    kw = dict(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, batch_size=batch_size)
     with phase("rollout"):
         if hasattr(env, "step"):
-            s, episodes = sample_episodes(model, tokenizer, env, owners, max_turns=cfg.max_turns, **kw)
+            s, episodes = sample_episodes(model, tokenizer, env, owners, max_turns=max_turns, **kw)
         else:
             prompts = [encode_prompt(tokenizer, t.messages) for t in tasks]
-            s, episodes = sample(model, tokenizer, [p for p in prompts for _ in range(cfg.group_size)], **kw), None
+            s, episodes = sample(model, tokenizer, [p for p in prompts for _ in range(group_size)], **kw), None
     with phase("score"):
         if episodes is not None:
             scores = [env.score_episode(t, h) for t, h in zip(owners, episodes)]
         else:
-            scores = [env.score(t, text) for t, text in zip(owners, s.texts)]
-    return RolloutBatch(**vars(s), tasks=owners, group=torch.arange(len(tasks)).repeat_interleave(cfg.group_size),
+            scores = score_all(env, owners, s.texts)
+    return RolloutBatch(**vars(s), tasks=owners, group=torch.arange(len(tasks)).repeat_interleave(group_size),
                         rewards=torch.tensor([sc.reward for sc in scores], dtype=torch.float32),
-                        success=torch.tensor([sc.success for sc in scores]), feedback=[sc.feedback for sc in scores])
+                        success=torch.tensor([sc.success for sc in scores], dtype=torch.bool),
+                        feedback=[sc.feedback for sc in scores])
+
+
+def collect(model, tokenizer, env: Env, tasks: Sequence[Task], cfg, timer=None) -> RolloutBatch:
+    """Training rollouts: `sample_and_score` with a `RolloutConfig`'s settings."""
+    return sample_and_score(model, tokenizer, env, tasks, group_size=cfg.group_size, temperature=cfg.temperature,
+                            top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
+                            max_turns=cfg.max_turns, timer=timer)

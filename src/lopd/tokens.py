@@ -110,13 +110,6 @@ class TokenStats:
         head = self.head if isinstance(self.head, WeightsDetached) else WeightsDetached(self.head)
         return TokenStats(self.hidden, head, self.targets, self.mask, self.temperature, self.chunk, self._logprobs)
 
-    def logits_chunks(self):
-        """Yield (slice, float32 logits [B, c, V] / temperature) chunk by chunk (no checkpointing)."""
-        T = self.hidden.shape[1]
-        for start in range(0, T, self.chunk):
-            sl = slice(start, min(T, start + self.chunk))
-            yield sl, upcast(self.head(self.hidden[:, sl])) / self.temperature
-
     def logprobs(self) -> Tensor:
         """log p(y_t | prefix) of the completion tokens.   [B, T], 0 where mask is 0."""
         if self._logprobs is None:
@@ -135,32 +128,57 @@ class TokenStats:
         return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [B, c]
 
 
+@dataclass
+class Latents:
+    """Continuous tokens spliced into each row's prompt (LOPD's latent context).
+
+    values: [B, K, H] the slots' input embeddings; present: [B, K] bool, an absent slot is masked out of
+    attention and takes no position (so a row may use fewer than K); at: [B] long, the prompt column (in
+    the left-padded prompt) before which row b's slots go: 0 puts them in front of everything.
+    """
+
+    values: Tensor
+    present: Tensor
+    at: Tensor
+
+
+def splice(embeds: Tensor, mask: Tensor, latents: Latents) -> tuple[Tensor, Tensor]:
+    """Insert each row's K slots before its column `at`.   [B, P, H], [B, P] -> [B, P+K, H], [B, P+K]"""
+    B, P, H = embeds.shape
+    K = latents.values.shape[1]
+    j = torch.arange(P + K, device=embeds.device)[None]  # [1, P+K] output column
+    at = latents.at.to(embeds.device)[:, None]  # [B, 1]
+    source = torch.where(j < at, j, torch.where(j < at + K, P + j - at, j - K))  # [B, P+K] column in [prompt ; slots]
+    values = torch.cat([embeds, latents.values.to(embeds.dtype)], dim=1)  # [B, P+K, H]
+    present = torch.cat([mask, latents.present.to(mask.dtype)], dim=1)  # [B, P+K]
+    return values.gather(1, source[..., None].expand(-1, -1, H)), present.gather(1, source)
+
+
 def score_completions(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
                       completion_mask: Tensor, *, completion_attention: Tensor | None = None, temperature: float = 1.0,
-                      prefix_embeds: Tensor | None = None, chunk: int = DEFAULT_CHUNK) -> TokenStats:
-    """One forward over [prefix ; prompt ; completion]; stats at the completion positions.
+                      latents: Latents | None = None, chunk: int = DEFAULT_CHUNK) -> TokenStats:
+    """One forward over [prompt (with latent slots spliced in) ; completion]; stats at the completion positions.
 
     prompt_ids/mask: [B, P] left-padded; completion_ids/mask: [B, T] right-padded;
     completion_attention: [B, T] tokens attended to (default completion_mask); in multi-turn episodes it
         also covers the observations, which completion_mask (the trained tokens) leaves out.
-    prefix_embeds: [B, K, H] optional continuous tokens placed before the prompt (LOPD's latents).
-    Teacher position t and student position t predict the same completion token whatever the prefix.
+    latents: optional continuous tokens spliced into the prompt (see `Latents`).
+    Teacher position t and student position t predict the same completion token whatever the prompt.
     """
     decoder, head = decoder_and_head(model)
     device = next(model.parameters()).device
-    ids = torch.cat([prompt_ids, completion_ids], dim=1).to(device)  # [B, P+T]
     attend = completion_mask if completion_attention is None else completion_attention
+    ids = torch.cat([prompt_ids, completion_ids], dim=1).to(device)  # [B, P+T]
     mask = torch.cat([prompt_mask, attend], dim=1).to(device)  # [B, P+T]
     embeds = decoder.get_input_embeddings()(ids)  # [B, P+T, H]
-    K = 0
-    if prefix_embeds is not None:
-        K = prefix_embeds.shape[1]
-        embeds = torch.cat([prefix_embeds.to(embeds.dtype), embeds], dim=1)  # [B, K+P+T, H]
-        mask = torch.cat([torch.ones_like(mask[:, :K]), mask], dim=1)
+    P, T = prompt_ids.shape[1], completion_ids.shape[1]
+    if latents is not None:
+        prompt, pmask = splice(embeds[:, :P], mask[:, :P], latents)  # [B, P+K, H], [B, P+K]
+        embeds, mask = torch.cat([prompt, embeds[:, P:]], dim=1), torch.cat([pmask, mask[:, P:]], dim=1)
+        P = prompt.shape[1]
     # a pad inside the sequence (after EOS) must still see a position; masking keeps it out of attention
     hidden = decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=positions(mask)).last_hidden_state
-    P, T = prompt_ids.shape[1], completion_ids.shape[1]
-    predicting = hidden[:, K + P - 1:K + P + T - 1]  # [B, T, H]: position i predicts token i + 1
+    predicting = hidden[:, P - 1:P + T - 1]  # [B, T, H]: position i predicts token i + 1
     return TokenStats(predicting, head, completion_ids.to(device), completion_mask.to(device).float(), temperature,
                       chunk)
 

@@ -4,13 +4,21 @@
         rollout   sample G completions for each of the step's tasks from the current policy
         score     the env gives each a reward, a success flag and a feedback sentence
         context   the algorithm builds what it needs once per batch (advantages, privileged context)
-        update    per minibatch: student token stats (+ frozen reference / teacher) -> algorithm.loss
+        update    per micro-batch: the student's token stats -> algorithm.loss -> backward; optimizer steps
+        remember  the algorithm stores what later batches retrieve (experiences, skills)
         evaluate  held-out splits, every `eval.every_rollouts` rollouts
         save      a checkpoint every `run.checkpoint_every` steps and at the end
 
 Every phase is timed (`time/*`). Algorithms differ only in their own file; nothing here branches on
-which one runs. `lopd train` on an existing run directory resumes it bit for bit: weights, optimizer,
-scheduler, RNG states, budget counters and the algorithm's own state come back from the checkpoint.
+which one runs, or on whether it uses a teacher, a reference or latent tokens. `lopd train` on an
+existing run directory resumes it bit for bit: weights, optimizer, scheduler, RNG states, budget
+counters and the algorithm's own state come back from the checkpoint.
+
+In parts, for tests and tools that want the wiring without the loop:
+    session = build(cfg)          model, tokenizer, env, algorithm, optimizer, run directory (nothing written)
+    state = restore(session)      the latest checkpoint's state, or a fresh one
+    fit(session, state)           the loop
+`train(cfg)` is the three in a row.
 
     lopd train --config configs/grpo.yaml train.max_rollouts=2048
 """
@@ -22,18 +30,17 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
 from lopd.algorithms import Algorithm, Context, build_algorithm
-from lopd.config import LopdConfig, to_yaml
+from lopd.config import Aggregation, LopdConfig, to_yaml
 from lopd.envs import Env, Task, build_env
 from lopd.errors import ConfigError
 from lopd.evaluate import evaluate
-from lopd.models import FrozenView, load_policy, make_teacher, trainable_parameters
-from lopd.prompts import encode_prompt
-from lopd.rollout import RolloutBatch, collect, left_pad
+from lopd.models import load_policy, trainable_parameters
+from lopd.rollout import RolloutBatch, collect
 from lopd.runs import RunDir, seed_everything
 from lopd.tokens import score_completions
 
@@ -63,7 +70,8 @@ class Timer:
 
 
 def run_dir_for(cfg: LopdConfig) -> Path:
-    return Path(cfg.run.dir or f"runs/{cfg.algorithm.name}_{cfg.env.name}_seed{cfg.train.seed}")
+    return Path(cfg.run.dir or f"runs/{cfg.algorithm.name}_{cfg.env.name.replace(':', '_').replace('.', '_')}"
+                               f"_seed{cfg.train.seed}")
 
 
 def pick_device(name: str) -> torch.device:
@@ -82,72 +90,47 @@ def tasks_for_step(tasks: Sequence[Task], step: int, per_step: int, seed: int) -
     return out
 
 
-def collect_rollouts(model, tokenizer, env: Env, tasks: Sequence[Task], cfg: LopdConfig, timer: Timer) -> RolloutBatch:
-    return collect(model, tokenizer, env, tasks, cfg.rollout, timer)
-
-
-def teacher_stats(teacher, tokenizer, batch: RolloutBatch, contexts: list[str | None] | None, temperature: float,
-                  prefix: torch.Tensor | None = None):
-    """The self-teacher re-scoring the batch's own completion tokens with its privileged context:
-    text contexts go into the prompt (same chat template as the student's), latent ones in front of it."""
-    if contexts is None:
-        ids, mask = batch.prompt_ids, batch.prompt_mask
-    else:
-        prompts = [encode_prompt(tokenizer, t.messages, c) for t, c in zip(batch.tasks, contexts)]
-        ids, mask = left_pad(prompts, tokenizer.pad_token_id)
-    with teacher.active() as model:
-        stats = score_completions(model, ids, mask, batch.completion_ids, batch.completion_mask,
-                                  completion_attention=batch.completion_attention, temperature=temperature,
-                                  prefix_embeds=prefix)
-    return stats.weights_detached()  # the head is evaluated later, outside `active()`
-
-
-def update(model, algorithm: Algorithm, tokenizer, optimizer, scheduler, batch: RolloutBatch, ctx: Context,
+def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatch, ctx: Context,
            cfg: LopdConfig) -> dict[str, float]:
-    """epochs x minibatches optimizer steps over one rollout batch, with gradient accumulation."""
+    """(extra + epochs) x minibatches optimizer steps over one rollout batch, with gradient accumulation."""
     t, temp = cfg.train, cfg.rollout.temperature
     params = [p for group in optimizer.param_groups for p in group["params"]]
     max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-    passes = t.epochs_per_batch * t.minibatches
+    epochs = ctx.extra_passes + t.epochs_per_batch
+    passes = epochs * t.minibatches
     device = params[0].device
     sums: dict[str, float] = {}
-    for _ in range(t.epochs_per_batch):
+    for epoch in range(epochs):
         order = torch.randperm(len(batch)) if t.minibatches > 1 else torch.arange(len(batch))
         for mb_index in order.chunk(t.minibatches):
             optimizer.zero_grad(set_to_none=True)
             weight_total = _weight(batch.select(mb_index), cfg)
             for micro in mb_index.split(t.micro_batch_size):
-                mb, mctx = batch.select(micro).trimmed().to(device), ctx.select(micro).to(device)
+                mb, mctx = batch.select(micro).trimmed().to(device), ctx.select(micro).to(device).for_pass(epoch)
                 student = score_completions(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
                                             mb.completion_mask, completion_attention=mb.completion_attention,
                                             temperature=temp)
-                reference = teacher = None
-                if algorithm.uses_reference:
-                    with torch.no_grad():
-                        reference = teacher_stats(algorithm.reference, tokenizer, mb, None, temp)
-                if algorithm.uses_teacher:
-                    prefix = algorithm.teacher_prefix(mb, mctx)  # [b, K, H] latent context, or None
-                    with torch.set_grad_enabled(prefix is not None and prefix.requires_grad):
-                        teacher = teacher_stats(algorithm.teacher, tokenizer, mb, mctx.texts, temp, prefix)
-                loss, metrics = algorithm.loss(mb, mctx, student, teacher, reference)
+                loss, metrics = algorithm.loss(mb, mctx, student)
                 w = _weight(mb, cfg) / weight_total
-                (loss * w).backward()
+                if loss.requires_grad:  # a pass may train nothing (a frozen composer's composer-only pass)
+                    (loss * w).backward()
                 for k, v in metrics.items():  # averaged over micro-batches (by weight) and passes
                     sums[k] = sums.get(k, 0.0) + v * w / passes
             norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
             sums["optim/grad_norm"] = sums.get("optim/grad_norm", 0.0) + float(norm) / passes
             optimizer.step()
             scheduler.step()
-            if algorithm.teacher is not None:
-                algorithm.teacher.after_step()
+            algorithm.after_step()
     sums["optim/lr"] = scheduler.get_last_lr()[0]
+    sums.update(algorithm.after_update(sums))
     return sums
 
 
 def _weight(batch: RolloutBatch, cfg: LopdConfig) -> float:
     """A micro-batch's share of its minibatch under the configured aggregation (tokens or sequences)."""
-    mode = getattr(cfg.algorithm.aggregation, "value", cfg.algorithm.aggregation)
-    return float(batch.completion_mask.sum()) if mode == "token" else float(len(batch))
+    if Aggregation(cfg.algorithm.aggregation) is Aggregation.token:
+        return float(batch.completion_mask.sum())
+    return float(len(batch))
 
 
 def batch_metrics(batch: RolloutBatch, cfg: LopdConfig) -> dict[str, float]:
@@ -164,52 +147,86 @@ def batch_metrics(batch: RolloutBatch, cfg: LopdConfig) -> dict[str, float]:
     }
 
 
-def train(cfg: LopdConfig, *, stop_after: int | None = None, quiet: bool = False) -> Path:
-    """Run (or resume) training; returns the run directory. `stop_after` ends this process after that
-    many steps without a final checkpoint, as a crash would (tests use it)."""
+# ------------------------------------------------------------------------------ the run in parts
+
+
+@dataclass
+class Session:
+    """Everything a run needs, wired together: what `build` returns and `fit` runs."""
+
+    cfg: LopdConfig
+    run: RunDir
+    device: torch.device
+    env: Env
+    train_tasks: Sequence[Task]
+    model: Any
+    tokenizer: Any
+    algorithm: Algorithm
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    total_steps: int
+
+
+def build(cfg: LopdConfig, env: Env | None = None) -> Session:
+    """Wire a run: env, policy, algorithm (with its teachers), optimizer. Writes nothing to disk, so a
+    config that fails here leaves no run directory behind. `env`: an Env object instead of `cfg.env`."""
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    run = RunDir(run_dir_for(cfg))
-    run.path.mkdir(parents=True, exist_ok=True)
-    (run.path / "finished").unlink(missing_ok=True)
-    run.config_path.write_text(to_yaml(cfg))
+    per_step = cfg.rollout.tasks_per_step * cfg.rollout.group_size
+    total_steps = cfg.train.max_rollouts // per_step
+    if total_steps < 1:
+        raise ConfigError(f"train.max_rollouts={cfg.train.max_rollouts} is less than one step's rollouts "
+                          f"(rollout.tasks_per_step x rollout.group_size = {per_step})")
     device = pick_device(cfg.train.device)
     seed_everything(cfg.train.seed)
-
-    env = build_env(cfg.env)
+    env = env if env is not None else build_env(cfg.env)
     train_tasks = env.tasks(cfg.env.train_split)
     for split in cfg.env.eval_splits:
         env.tasks(split)  # fail now, not after an hour, on a bad split name or data file
     model, tokenizer = load_policy(cfg.model, device)
+    run = RunDir(run_dir_for(cfg))
     algorithm = build_algorithm(cfg)
-    d = cfg.algorithm.distill
-    needs_frozen = algorithm.uses_reference or (algorithm.uses_teacher and d.teacher.value == "frozen")
-    reference = FrozenView(model) if needs_frozen else None
-    teacher = make_teacher(model, d.teacher, d.ema_rate, reference) if algorithm.uses_teacher else None
-    algorithm.setup(policy=model, tokenizer=tokenizer, env=env, run=run, reference=reference, teacher=teacher,
-                    device=device)
+    algorithm.setup(policy=model, tokenizer=tokenizer, env=env, run=run, device=device)
     groups = [{"params": trainable_parameters(model), "lr": cfg.optim.lr}] + algorithm.param_groups()
     optimizer = torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
                                   weight_decay=cfg.optim.weight_decay)
     warmup = max(1, cfg.optim.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    return Session(cfg, run, device, env, train_tasks, model, tokenizer, algorithm, optimizer, scheduler, total_steps)
 
-    per_step = cfg.rollout.tasks_per_step * cfg.rollout.group_size
-    total_steps = cfg.train.max_rollouts // per_step
-    if total_steps < 1:
-        raise ConfigError(f"train.max_rollouts={cfg.train.max_rollouts} is less than one step's rollouts "
-                         f"(rollout.tasks_per_step x rollout.group_size = {per_step})")
-    state = RunState()
+
+def restore(session: Session) -> RunState:
+    """The state of the latest checkpoint (weights, optimizer, scheduler, RNG, the algorithm's state), or
+    a fresh one; either way, what the run wrote after that point is dropped: it is about to be redone."""
+    run, state = session.run, RunState()
     checkpoint = run.latest_checkpoint()
+    saved: dict = {}
     if checkpoint is not None:
-        saved = run.load_checkpoint(checkpoint, model, optimizer)
-        scheduler.load_state_dict(saved["scheduler"])
-        algorithm.load_state_dict(saved["algorithm"])
-        if teacher is not None:
-            teacher.load_state_dict(saved.get("teacher", {}))
+        saved = run.load_checkpoint(checkpoint, session.model, session.optimizer)
+        session.scheduler.load_state_dict(saved["scheduler"])
         state = RunState(**saved["run"])
+    session.algorithm.load_state_dict(saved.get("algorithm", {}), state.step)
     run.truncate_metrics(after_step=state.step if checkpoint is not None else -1)
-    writer = _tensorboard(run, cfg, purge_step=state.step + 1 if checkpoint is not None else None)
+    return state
+
+
+def train(cfg: LopdConfig, *, env: Env | None = None, stop_after: int | None = None, quiet: bool = False) -> Path:
+    """Run (or resume) training; returns the run directory. `stop_after` ends this process after that
+    many steps without a final checkpoint, as a crash would (tests use it)."""
+    session = build(cfg, env)
+    session.run.path.mkdir(parents=True, exist_ok=True)
+    session.run.config_path.write_text(to_yaml(cfg))
+    state = restore(session)
+    return fit(session, state, stop_after=stop_after, quiet=quiet)
+
+
+def fit(session: Session, state: RunState, *, stop_after: int | None = None, quiet: bool = False) -> Path:
+    """The loop, from `state` to the end of the budget."""
+    cfg, run, algorithm, model = session.cfg, session.run, session.algorithm, session.model
+    run.path.mkdir(parents=True, exist_ok=True)
+    (run.path / "finished").unlink(missing_ok=True)
+    resumed = state.step > 0
+    writer = _tensorboard(run, cfg, purge_step=state.step + 1 if resumed else None)
 
     def log(row: dict) -> None:
         row = {"step": state.step, "rollouts": state.rollouts, "tokens": state.tokens, **row}
@@ -223,7 +240,7 @@ def train(cfg: LopdConfig, *, stop_after: int | None = None, quiet: bool = False
         out = {}
         with timer("eval"):
             for split in cfg.env.eval_splits:
-                result = evaluate(model, tokenizer, env, split, max_tasks=cfg.eval.max_tasks,
+                result = evaluate(model, session.tokenizer, session.env, split, max_tasks=cfg.eval.max_tasks,
                                   temperature=cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
                                   batch_size=cfg.eval.batch_size, seed=cfg.train.seed, max_turns=cfg.rollout.max_turns)
                 out.update(result.metrics())
@@ -234,45 +251,45 @@ def train(cfg: LopdConfig, *, stop_after: int | None = None, quiet: bool = False
         return out
 
     def save() -> None:
-        run.save_checkpoint(state.step, model, optimizer, {
-            "scheduler": scheduler.state_dict(), "algorithm": algorithm.state_dict(),
-            "teacher": teacher.state_dict() if teacher is not None and teacher.trained else {},
+        run.save_checkpoint(state.step, model, session.optimizer, {
+            "scheduler": session.scheduler.state_dict(), "algorithm": algorithm.state_dict(),
             "run": vars(state)}, keep=cfg.run.keep_checkpoints)
 
-    progress = _Progress(cfg, total_steps, quiet or not cfg.run.progress)
+    progress = _Progress(cfg, session.total_steps, quiet or not cfg.run.progress)
     if state.step == 0:
         timer = Timer()
         log({"kind": "eval", **run_eval(timer), **timer.seconds})
     progress.start(state, run.read_metrics())
     steps_here = 0
     try:
-        while state.step < total_steps:
+        while state.step < session.total_steps:
             timer = Timer()
-            tasks = tasks_for_step(train_tasks, state.step, cfg.rollout.tasks_per_step, cfg.train.seed)
-            batch = collect_rollouts(model, tokenizer, env, tasks, cfg, timer)
+            step = state.step + 1
+            tasks = tasks_for_step(session.train_tasks, state.step, cfg.rollout.tasks_per_step, cfg.train.seed)
+            batch = collect(model, session.tokenizer, session.env, tasks, cfg.rollout, timer)
             with timer("context"):
-                ctx = algorithm.build_context(batch)
+                ctx = algorithm.build_context(batch, step)
             with timer("update"):
-                metrics = update(model, algorithm, tokenizer, optimizer, scheduler, batch, ctx, cfg)
+                metrics = update(model, algorithm, session.optimizer, session.scheduler, batch, ctx, cfg)
             with timer("remember"):
-                metrics.update(algorithm.after_update(batch))
+                metrics.update(algorithm.remember(batch, ctx, step))
             prev = state.rollouts
-            state.step += 1
+            state.step = step
             state.rollouts += len(batch)
             state.tokens += batch.num_tokens
-            row = {"kind": "train", **batch_metrics(batch, cfg), **metrics}
-            if device.type == "cuda":
-                row["memory/peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+            row = {"kind": "train", **batch_metrics(batch, cfg), **ctx.metrics, **metrics}
+            if session.device.type == "cuda":
+                row["memory/peak_gib"] = torch.cuda.max_memory_allocated(session.device) / 2**30
             every = cfg.eval.every_rollouts
-            if state.step == total_steps or (every and state.rollouts // every > prev // every):
+            if state.step == session.total_steps or (every and state.rollouts // every > prev // every):
                 row.update({"kind": "train+eval", **run_eval(timer)})
-            if state.step % cfg.run.checkpoint_every == 0 or state.step == total_steps:
+            if state.step % cfg.run.checkpoint_every == 0 or state.step == session.total_steps:
                 with timer("checkpoint"):
                     save()
             log({**row, **timer.seconds})
             progress.update(state, row)
             steps_here += 1
-            if stop_after is not None and steps_here >= stop_after and state.step < total_steps:
+            if stop_after is not None and steps_here >= stop_after and state.step < session.total_steps:
                 return run.path
     except KeyboardInterrupt:
         progress.stop()

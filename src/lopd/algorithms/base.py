@@ -1,14 +1,23 @@
 """What an algorithm is: how it builds the teacher's privileged context and which loss terms it uses.
 
-The training loop calls, for every rollout batch:
-    ctx  = algorithm.build_context(batch)              once, before the update (advantages, contexts)
-    loss = algorithm.loss(mb, ctx_mb, student, ...)    per minibatch, with the student's TokenStats
-and never branches on which algorithm it runs.
+The training loop calls, for every rollout batch of step `step` (1-based):
+
+    ctx = algorithm.build_context(batch, step)        once (advantages, privileged contexts, retrieval)
+    for each pass over the batch, each micro-batch:
+        loss, metrics = algorithm.loss(mb, ctx_mb, student)   the student's TokenStats; the algorithm
+                                                              scores its own teacher / reference
+        ... backward; after each optimizer step: algorithm.after_step()
+    metrics |= algorithm.after_update(update_metrics)  once the batch's optimizer steps are done
+    metrics |= algorithm.remember(batch, ctx, step)    store what later batches retrieve
+
+and never branches on which algorithm it runs. Everything a batch needs travels in its `Context`
+(or in return values); an algorithm's own state across batches (a bank, a composer, lambda) is in
+`state_dict`, restored with the step it was saved at.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,10 +31,18 @@ if TYPE_CHECKING:
 
 @dataclass
 class Context:
-    """Per-trajectory quantities an algorithm computes once per batch; sliced per minibatch."""
+    """Per-trajectory quantities an algorithm computes once per batch; sliced per micro-batch.
 
+    Tensors and lists of length B are sliced by `select`; everything else (step, metrics) is shared.
+    """
+
+    step: int = 0  # the optimizer step this batch is for (1-based)
     advantages: Tensor | None = None  # [B]
-    texts: list[str | None] | None = None  # privileged context for the teacher, one per trajectory
+    texts: list[str | None] | None = None  # privileged text context for the teacher, one per trajectory
+    has_context: Tensor | None = None  # [B] bool: the teacher got a context (others leave the distillation)
+    extra_passes: int = 0  # passes over the batch before the configured epochs (LOPD's composer-only passes)
+    pass_index: int = 0  # which pass over the batch a micro-batch belongs to (set by the loop)
+    metrics: dict[str, float] = field(default_factory=dict)  # batch-level metrics (retrieval), logged once
 
     def select(self, index: Tensor) -> "Context":
         out = {}
@@ -42,48 +59,51 @@ class Context:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return type(self)(**{k: v.to(device) if isinstance(v, Tensor) else v for k, v in values.items()})
 
+    def for_pass(self, index: int) -> "Context":
+        return replace(self, pass_index=index)
+
 
 class Algorithm:
     """Base class; subclasses set `name` and implement `build_context` and `loss`."""
 
     name: str = ""
-    uses_reference: bool = False  # the loop provides TokenStats of the frozen initial model
-    uses_teacher: bool = False  # the loop builds a frozen self-teacher (FrozenView) for the algorithm
 
     def __init__(self, cfg: "LopdConfig"):
         self.cfg = cfg
-        self.reference = None  # FrozenView of the initial weights, when uses_reference
-        self.teacher = None  # the self-teacher's weights (frozen / EMA / live), when uses_teacher
-        self.runtime: dict[str, Any] = {}
+        self.env = None
 
-    def setup(self, *, reference=None, teacher=None, **runtime: Any) -> None:
-        """Called once by the loop with the models and the env (LOPD builds its composer and bank here)."""
-        self.reference, self.teacher, self.runtime = reference, teacher, runtime
+    def setup(self, *, policy=None, tokenizer=None, env=None, run=None, device: Any = "cpu") -> None:
+        """Called once by the loop with the policy, its tokenizer, the env and the run directory; an
+        algorithm builds what it needs here (teachers, LOPD's composer and bank, Skill-SD's library)."""
+        self.env = env
 
-    def teacher_prefix(self, batch: "RolloutBatch", ctx: Context) -> Tensor | None:
-        """Continuous tokens put in front of the teacher's prompt ([b, K, H], may carry gradient)."""
-        return None
-
-    def build_context(self, batch: "RolloutBatch") -> Context:
+    def build_context(self, batch: "RolloutBatch", step: int) -> Context:
         raise NotImplementedError
 
-    def loss(self, batch: "RolloutBatch", ctx: Context, student: "TokenStats", teacher: "TokenStats | None" = None,
-             reference: "TokenStats | None" = None) -> tuple[Tensor, dict[str, float]]:
+    def loss(self, batch: "RolloutBatch", ctx: Context, student: "TokenStats") -> tuple[Tensor, dict[str, float]]:
         raise NotImplementedError
 
     def param_groups(self) -> list[dict]:
         """Optimizer parameter groups besides the policy's (LOPD's composer, with its own lr)."""
         return []
 
-    def after_update(self, batch: "RolloutBatch") -> dict[str, float]:
-        """Called after each optimizer step on a batch (remember experiences, dual ascent, ...)."""
+    def after_step(self) -> None:
+        """Called after every optimizer step (an EMA teacher moves here)."""
+
+    def after_update(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Called once per batch after its optimizer steps, with the update's averaged metrics (LOPD's dual
+        ascent on lambda reads its constraint from them). Returns metrics to log."""
+        return {}
+
+    def remember(self, batch: "RolloutBatch", ctx: Context, step: int) -> dict[str, float]:
+        """Store what later batches may retrieve (LOPD's experiences, Skill-SD's skills). Returns metrics."""
         return {}
 
     def state_dict(self) -> dict:
         return {}
 
-    def load_state_dict(self, state: dict) -> None:
-        pass
+    def load_state_dict(self, state: dict, step: int) -> None:
+        """Restore the state saved at `step` (anything written after it is about to be redone)."""
 
 
 def mean_of(x: Tensor, mask: Tensor) -> float:

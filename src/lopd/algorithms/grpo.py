@@ -10,28 +10,41 @@ exact reverse-KL gradient in expectation, `full` sums over the vocabulary.
 
 from __future__ import annotations
 
+import torch
+
 from lopd import losses
 from lopd.algorithms.base import Algorithm, Context, mean_of
+from lopd.config import KLEstimator
+from lopd.teacher import FrozenTeacher
 
 
 class GRPO(Algorithm):
     name = "grpo"
 
-    @property
-    def uses_reference(self) -> bool:  # type: ignore[override]
-        return self.cfg.algorithm.pg.kl_coef > 0
+    def setup(self, *, policy=None, tokenizer=None, **runtime) -> None:
+        super().setup(policy=policy, tokenizer=tokenizer, **runtime)
+        self.reference = reference_for(self.cfg, policy, tokenizer) if self.cfg.algorithm.pg.kl_coef > 0 else None
 
-    def build_context(self, batch):
+    def build_context(self, batch, step):
         pg = self.cfg.algorithm.pg
-        return Context(advantages=losses.group_advantages(batch.rewards, batch.group, pg.normalize_std))
+        return Context(step=step, advantages=losses.group_advantages(batch.rewards, batch.group, pg.normalize_std))
 
-    def loss(self, batch, ctx: Context, student, teacher=None, reference=None):
-        return grpo_loss(self.cfg, batch, ctx.advantages, student, reference)
+    def loss(self, batch, ctx: Context, student):
+        return grpo_loss(self.cfg, batch, ctx.advantages, student, self.reference)
 
 
-def grpo_loss(cfg, batch, advantages, student, reference=None):
+def reference_for(cfg, policy, tokenizer) -> FrozenTeacher:
+    """The frozen initial model, scoring at the sampling temperature."""
+    return FrozenTeacher(policy, tokenizer, cfg.rollout.temperature)
+
+
+def grpo_loss(cfg, batch, advantages, student, reference: FrozenTeacher | None = None):
     """Clipped policy gradient (+ kl_coef * reference KL), aggregated as configured."""
     pg, agg = cfg.algorithm.pg, cfg.algorithm.aggregation
+    ref_stats = None
+    if pg.kl_coef > 0:
+        with torch.no_grad():
+            ref_stats = reference.score(batch)
     mask = student.mask
     logprobs = student.logprobs()  # [B, T]
     per_token, clipped = losses.clipped_policy_gradient(logprobs, batch.sampler_logprobs, advantages,
@@ -40,18 +53,17 @@ def grpo_loss(cfg, batch, advantages, student, reference=None):
     metrics = {"loss/pg": loss.item(), "loss/clip_frac": mean_of(clipped.float(), mask),
                "loss/ratio": mean_of((logprobs - batch.sampler_logprobs).exp().detach(), mask)}
     if pg.kl_coef > 0:
-        kl = policy_kl(student, reference, pg.kl_estimator)  # [B, T]
+        kl = policy_kl(student, ref_stats, pg.kl_estimator)  # [B, T]
         kl_loss = losses.aggregate(kl, mask, agg)
         loss = loss + pg.kl_coef * kl_loss
         metrics["loss/kl_ref"] = kl_loss.item()
     return loss, metrics
 
 
-def policy_kl(student, reference, estimator):
-    """Per-token KL(student || reference), sampled (k1/k2/k3) or over the full vocabulary."""
-    estimator = getattr(estimator, "value", estimator)
-    if estimator == "full":
+def policy_kl(student, reference, estimator: KLEstimator | str):
+    """Per-token KL(student || reference), sampled (k2/k3) or over the full vocabulary."""
+    if KLEstimator(estimator) is KLEstimator.full:
         from lopd.tokens import full_reverse_kl
 
         return full_reverse_kl(student, reference)
-    return losses.kl_sampled(student.logprobs(), reference.logprobs().detach(), estimator)
+    return losses.kl_sampled(student.logprobs(), reference.logprobs().detach(), KLEstimator(estimator).value)

@@ -1,41 +1,48 @@
 """LOPD: Latent On-Policy Self-Distillation.
 
 Per batch:
-    remember   every scored trajectory goes into the experience bank (key: its task's embedding)
-    retrieve   top-k similar experiences per task: never the trajectory itself, never its own group
-    compose    the composer turns their frozen-backbone encodings into K latent tokens z
-    teach      the frozen teacher reads [z ; prompt ; completion] and scores every visited prefix
-    distil     student:  KL(pi_theta || sg pi_T)                       per token, any estimator
-               composer: beta * KL(sg pi_theta || pi_T) + lambda * mean_y max(0, m - A(y) * Delta(y))
+    retrieve   top-k successful experiences of earlier steps per task (never the trajectory's own group)
+    compose    the composer reads their frozen-backbone encodings and writes K latent slots z that lie
+               over the experiences' text context c (`copy_experience_tokens`): z_k = e(c_k) + tanh(g) n_k
+    teach      the teacher reads its prompt with z where a text context stands (the end of the system
+               message, `position: in_context`; or before the chat template, `prefix`) and scores every
+               visited prefix of the student's completion
+    distil     student:  coef * KL(pi_theta || sg pi_T)                per token, any estimator
+               composer: objective `kl`:        beta * KL(sg pi_theta || pi_T) + lambda * hinge
+                         objective `privilege`: -w * mean A * Delta + beta * KL(sg pi_theta || pi_T) + lambda * hinge
+               hinge = mean_y max(0, m - A(y) * Delta(y)),
                Delta(y) = mean_t [log pi_T(y_t | z, x, y<t) - log pi_0(y_t | x, y<t)]   (pi_0: no context)
     step       one optimizer step on student and composer (separate learning rates)
+    remember   the batch's trajectories go into the experience bank (key: the task's embedding)
 lambda is fixed, or follows dual ascent lambda <- max(0, lambda + dual_lr * mean(m - A * Delta)).
-Without the margin the composer's cheapest way to lower the KL is to make the teacher copy the student
-(Delta -> 0, collapse); the margin makes the latent context keep raising the likelihood of better-than-
-average trajectories and lowering that of worse ones. At evaluation the student runs alone.
+
+At gate 0 the slots are exactly the retrieved experiences' text, so LOPD's teacher starts as its text
+ablation `lopd_text` (a test checks it to 1e-5) and the composer can only learn from there. Trajectories
+whose retrieval found nothing get no context and, with `mask_without_context`, no distillation and no
+composer loss. `composer_warmup_steps` trains only the composer on the first batches, `composer_passes`
+adds composer-only passes over every batch. At evaluation the student runs alone.
 
 Ablations (configs/lopd_*.yaml): no margin (lambda = 0), a frozen random composer, no retrieval (a
-learned task-independent prefix), and `lopd_text`: the same retrieved experiences as plain text.
+learned task-independent context), and `lopd_text`: the same retrieved experiences as plain text.
 
     lopd train --config configs/lopd.yaml
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 
 from lopd import losses
-from lopd.algorithms.base import Algorithm, Context, mean_of
+from lopd.algorithms.base import Context, mean_of
 from lopd.algorithms.distill import SelfDistillation
-from lopd.algorithms.grpo import grpo_loss
+from lopd.config import ComposerObjective
 from lopd.latent.composer import Composer
-from lopd.latent.embedder import build_embedder
-from lopd.latent.experience_bank import Experience, ExperienceBank, Retrieved
-from lopd.prompts import context_examples, task_text
-from lopd.tokens import TokenStats, decoder_and_head, token_divergence
+from lopd.latent.memory import ExperienceEncoder, ExperienceMemory
+from lopd.prompts import PLACEHOLDER, context_examples
+from lopd.teacher import LatentSlots
+from lopd.tokens import TokenStats
 
 
 @dataclass
@@ -44,142 +51,88 @@ class RetrievalContext(Context):
     similarity: list[list[float]] | None = None
 
 
-class ExperienceMemory:
-    """Remember and retrieve: the bank, its embedder, and the exclusion rules (shared by LOPD and lopd_text)."""
-
-    def __init__(self, cfg, run, reference, tokenizer):
-        r, c = cfg.algorithm.retrieval, cfg.algorithm.lopd
-        self.cfg = c
-        self.embedder = build_embedder(r.embedder, r.embedder_path, reference, tokenizer)
-        folder = run.path / "bank" if run is not None else None
-        self.bank = ExperienceBank(self.embedder.dim, folder, capacity=c.bank_capacity, eviction=c.eviction)
-
-    def remember(self, batch, step: int) -> list[int]:
-        """Store the batch's trajectories; returns their bank ids (-1 for the ones not kept)."""
-        keep = [i for i in range(len(batch)) if self.cfg.remember == "all" or bool(batch.success[i])]
-        texts = [task_text(batch.tasks[i]) for i in keep]
-        entries = [Experience(batch.tasks[i].id, texts[j], batch.texts[i], float(batch.rewards[i]),
-                              bool(batch.success[i]), batch.feedback[i], step, f"{step}:{int(batch.group[i])}",
-                              category=batch.tasks[i].category,
-                              tokens=batch.completion_ids[i][batch.completion_mask[i].bool()].tolist())
-                   for j, i in enumerate(keep)]
-        ids = self.bank.add(entries, self._encode_unique(texts)) if entries else []
-        out = [-1] * len(batch)
-        for i, bank_id in zip(keep, ids):
-            out[i] = bank_id
-        return out
-
-    def _encode_unique(self, texts: list[str]):
-        unique = list(dict.fromkeys(texts))
-        keys = self.embedder.encode(unique)
-        row = {t: i for i, t in enumerate(unique)}
-        return keys[[row[t] for t in texts]]
-
-    def retrieve(self, batch, step: int, own_ids: list[int]) -> Retrieved:
-        """Top-k per trajectory, searched once per sampling group: every trajectory of a group shares its
-        task, and excluding the group excludes each of them (their own entries included)."""
-        groups = [f"{step}:{int(g)}" for g in batch.group]
-        first = {g: i for i, g in reversed(list(enumerate(groups)))}  # group -> its first trajectory
-        order = list(first)
-        texts = [task_text(batch.tasks[first[g]]) for g in order]
-        found = self.bank.search(self._encode_unique(texts), self.cfg.retrieve_k, exclude_groups=order,
-                                 exclude_ids=[[i for i, gg in zip(own_ids, groups) if gg == g and i >= 0] for g in order],
-                                 successes_only=not self.cfg.retrieve_failures, min_similarity=self.cfg.min_similarity)
-        row = {g: j for j, g in enumerate(order)}
-        return Retrieved([found.index[row[g]] for g in groups], [found.similarity[row[g]] for g in groups])
-
-    def metrics(self, batch, found) -> dict[str, float]:
-        """Bank size, similarity of what was retrieved, and the hit rate: the fraction of tasks for which
-        at least one retrieved experience is of the task's own category (ToolWorld: the same tool)."""
-        sims = [s for row in found.similarity for s in row]
-        hits = [any(self.bank.entries[i].category == t.category for i in row) for t, row in zip(batch.tasks, found.index)]
-        return {**self.bank.stats(),
-                "context/retrieved_per_task": sum(map(len, found.index)) / max(len(found.index), 1),
-                "context/retrieval_similarity": sum(sims) / len(sims) if sims else 0.0,
-                "context/retrieval_hit": sum(hits) / max(len(hits), 1)}
+def experiences_as_text(bank, ids: list[int]) -> str | None:
+    """The retrieved experiences as the text context `lopd_text` gives its teacher (None: nothing found)."""
+    return context_examples([(bank.entries[i].task_text, bank.entries[i].trajectory) for i in ids]) if ids else None
 
 
-class ExperienceEncoder:
-    """Features of bank entries ("request -> answer" tokens) from the frozen backbone, cached (LRU):
-    per token, [last hidden state ; input embedding] ([L, 2H]): what the token means in context, and
-    which token it is (so the composer can carry exact values, e.g. a date's format, into z)."""
+class RetrievalMixin:
+    """Retrieval from the experience bank before the update, remembering after it (LOPD and lopd_text)."""
 
-    def __init__(self, reference, tokenizer, max_tokens: int, cache_entries: int):
-        self.reference, self.tokenizer, self.max_tokens, self.cache_entries = reference, tokenizer, max_tokens, cache_entries
-        self.cache: OrderedDict[int, torch.Tensor] = OrderedDict()
+    def setup_memory(self, run) -> None:
+        self.memory = ExperienceMemory(self.cfg, run, self.reference or self.teacher, self.tokenizer)
 
-    @torch.no_grad()
-    def encode(self, bank: ExperienceBank, ids: list[int]) -> list[torch.Tensor]:
-        missing = [i for i in dict.fromkeys(ids) if i not in self.cache]
-        if missing:
-            seqs = [self.tokenizer(f"{bank.entries[i].task_text} -> {bank.entries[i].trajectory}",
-                                   add_special_tokens=False)["input_ids"][: self.max_tokens] or [0] for i in missing]
-            with self.reference.active() as model:
-                decoder, _ = decoder_and_head(model)
-                device = next(model.parameters()).device
-                # one entry at a time: an entry's features never depend on what it was batched with, so a
-                # resumed run (empty cache) composes exactly what the uninterrupted run did
-                for i, seq in zip(missing, seqs):
-                    x = torch.tensor([seq], device=device)  # [1, L]
-                    h = decoder(input_ids=x).last_hidden_state
-                    e = decoder.get_input_embeddings()(x)
-                    self.cache[i] = torch.cat([h, e], dim=-1).float()[0]  # [L, 2H]
-        out = []
-        for i in ids:
-            self.cache.move_to_end(i)
-            out.append(self.cache[i])
-        while len(self.cache) > self.cache_entries:
-            self.cache.popitem(last=False)
-        return out
+    def retrieve(self, batch, step: int) -> RetrievalContext:
+        found = self.memory.retrieve(batch, step)
+        texts = [experiences_as_text(self.memory.bank, ids) for ids in found.index]
+        pg = self.cfg.algorithm.pg
+        return RetrievalContext(step=step, advantages=losses.group_advantages(batch.rewards, batch.group, pg.normalize_std),
+                                texts=texts, has_context=torch.tensor([t is not None for t in texts]),
+                                metrics=self.memory.metrics(batch, found), retrieved=found.index,
+                                similarity=found.similarity)
+
+    def remember(self, batch, ctx, step):
+        self.memory.remember(batch, step)
+        return {}
+
+    def load_state_dict(self, state, step):
+        super().load_state_dict(state, step)
+        self.memory.bank.truncate_after(step)
 
 
-class LOPD(Algorithm):
+class LOPD(RetrievalMixin, SelfDistillation):
     name = "lopd"
-    uses_teacher = True
-    uses_reference = True  # pi_0, the context-free frozen model, for Delta
+
+    def needs_reference(self) -> bool:
+        return True  # pi_0, the context-free frozen model, for Delta
 
     def setup(self, **runtime) -> None:
         super().setup(**runtime)
         c = self.cfg.algorithm.lopd
-        tok, device = runtime["tokenizer"], runtime.get("device", "cpu")
-        self.memory = ExperienceMemory(self.cfg, runtime.get("run"), self.reference, tok)
-        self.encoder = ExperienceEncoder(self.reference, tok, c.max_experience_tokens, c.cache_entries)
+        self.setup_memory(runtime.get("run"))
+        self.encoder = ExperienceEncoder(self.reference, self.tokenizer, c.max_experience_tokens, c.cache_entries)
         with self.reference.active() as model:
             emb = model.get_input_embeddings().weight.detach()
             hidden = model.config.hidden_size
-        filler_id = tok("\n", add_special_tokens=False)["input_ids"][0]
+        filler_id = self.tokenizer("\n", add_special_tokens=False)["input_ids"][0]
+        copy = c.copy_experience_tokens and c.retrieve
         self.composer = Composer(hidden, float(emb.float().norm(dim=-1).mean()), emb[filler_id], memory_dim=2 * hidden,
                                  latent_tokens=c.latent_tokens, layers=c.layers, heads=c.heads, width=c.width,
-                                 gate_init=c.gate_init, copy_tokens=c.copy_experience_tokens).to(device)
+                                 gate_init=c.gate_init, copy_tokens=copy).to(runtime.get("device", "cpu"))
         self.composer.requires_grad_(c.train_composer)
         self.lam = c.margin_coef
-        self.step = 0
-        self._constraint: list[float] = []
 
     def param_groups(self) -> list[dict]:
         params = [p for p in self.composer.parameters() if p.requires_grad]
         return [{"params": params, "lr": self.cfg.algorithm.lopd.composer_lr}] if params else []
 
-    def build_context(self, batch) -> RetrievalContext:
-        self.step += 1
-        own = self.memory.remember(batch, self.step)
-        found = self.memory.retrieve(batch, self.step, own)
-        self._retrieval_metrics = self.memory.metrics(batch, found)
-        pg = self.cfg.algorithm.pg
-        return RetrievalContext(advantages=losses.group_advantages(batch.rewards, batch.group, pg.normalize_std),
-                                retrieved=found.index, similarity=found.similarity)
+    # ------------------------------------------------------------------ context
 
-    def teacher_prefix(self, batch, ctx: RetrievalContext) -> torch.Tensor:
+    def build_context(self, batch, step) -> RetrievalContext:
+        c = self.cfg.algorithm.lopd
+        if c.retrieve:
+            ctx = self.retrieve(batch, step)
+        else:  # a learned task-independent context for every trajectory, where a text context would stand
+            pg = self.cfg.algorithm.pg
+            ctx = RetrievalContext(step=step, advantages=losses.group_advantages(batch.rewards, batch.group,
+                                                                                 pg.normalize_std),
+                                   texts=[PLACEHOLDER] * len(batch), has_context=torch.ones(len(batch), dtype=torch.bool))
+        ctx.extra_passes = c.composer_passes
+        return ctx
+
+    def remember(self, batch, ctx, step):
+        return super().remember(batch, ctx, step) if self.cfg.algorithm.lopd.retrieve else {}
+
+    def compose(self, ctx: RetrievalContext, attention: list | None = None) -> torch.Tensor:
+        """The slots' values for a micro-batch: [b, K, H] (see `Composer`)."""
         device = self.composer.queries.device
         if not self.cfg.algorithm.lopd.retrieve:
-            z = self.composer(batch=len(batch))
-            self._last_norm = float(z.detach().norm(dim=-1).mean())
-            return z
-        rows = [self.encoder.encode(self.memory.bank, ids) for ids in ctx.retrieved]  # [b][k] of [L, H]
+            return self.composer(batch=len(ctx.texts))
+        rows = [self.encoder.encode(self.memory.bank, ids) for ids in ctx.retrieved]  # [b][k] of [L, 2H]
         width = max([sum(len(h) for h in r) for r in rows] + [1])
-        memory = torch.zeros(len(rows), width, self.composer.inp.in_features, device=device)
-        pad = torch.ones(len(rows), width, dtype=torch.bool, device=device)
-        success = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+        memory = torch.zeros(len(rows), width, self.composer.inp.in_features, device=device)  # [b, M, 2H]
+        pad = torch.ones(len(rows), width, dtype=torch.bool, device=device)  # [b, M]
+        success = torch.zeros(len(rows), width, dtype=torch.long, device=device)  # [b, M]
         for b, (r, ids) in enumerate(zip(rows, ctx.retrieved)):
             at = 0
             for h, i in zip(r, ids):
@@ -187,83 +140,92 @@ class LOPD(Algorithm):
                 pad[b, at:at + len(h)] = False
                 success[b, at:at + len(h)] = int(self.memory.bank.entries[i].success)
                 at += len(h)
-        z = self.composer(memory, pad, success)  # [b, K, H]
-        self._last_norm = float(z.detach().norm(dim=-1).mean())
-        return z
+        return self.composer(memory, pad, success, attention=attention)
 
-    def loss(self, batch, ctx: RetrievalContext, student: TokenStats, teacher: TokenStats, reference: TokenStats):
-        c, d, agg = self.cfg.algorithm.lopd, self.cfg.algorithm.distill, self.cfg.algorithm.aggregation
-        mask = student.mask  # [B, T]
-        # one divergence, both partial gradients: the student's KL(p || sg q) and the composer's
-        # beta * KL(sg p || q) (the teacher's hidden states carry the gradient to z, scaled by beta)
+    def latent_teacher(self, batch, ctx: RetrievalContext) -> tuple[TokenStats, dict[str, float]]:
+        """The teacher reading the composer's slots (gradient open back to the composer), and slot metrics."""
+        c = self.cfg.algorithm.lopd
+        values = self.compose(ctx)  # [b, K, H]
+        slots = LatentSlots(values, over_context=self.composer.copy_tokens, position=c.position)
+        with torch.set_grad_enabled(values.requires_grad):
+            teacher, length = self.teacher.score_latent(batch, ctx.texts, slots)
+        used = ctx.has_context.to(length.device)
+        return teacher, {"context/latent_norm": float(values.detach().norm(dim=-1).mean()),
+                         "context/context_tokens": float(length[used].float().mean()) if used.any() else 0.0,
+                         "context/context_truncated": float((length[used] >= c.latent_tokens).float().mean())
+                         if used.any() else 0.0}
+
+    # ------------------------------------------------------------------ losses
+
+    def trains_student(self, ctx: Context) -> bool:
+        c = self.cfg.algorithm.lopd
+        return ctx.step > c.composer_warmup_steps and ctx.pass_index >= ctx.extra_passes
+
+    def teacher_side(self, teacher: TokenStats) -> TokenStats:
+        """One divergence, both partial gradients: the student's coef * KL(p || sg q) and the composer's
+        beta * KL(sg p || q): the teacher's hidden states pass beta / coef of the gradient to z."""
+        d, c = self.cfg.algorithm.distill, self.cfg.algorithm.lopd
+        w = c.beta / d.coef if d.coef > 0 else 0.0
         h = teacher.hidden
-        scaled = TokenStats(c.beta * h + (1 - c.beta) * h.detach(), teacher.head, teacher.targets, teacher.mask,
-                            teacher.temperature, teacher.chunk)
-        kl = losses.aggregate(token_divergence(student, scaled, d.estimator, topk=d.topk, alpha=d.alpha), mask, agg)
-        # the privileged margin on Delta(y), per trajectory
-        delta = losses.sequence_mean(teacher.logprobs() - reference.logprobs().detach(), mask)  # [B]
+        return TokenStats(w * h + (1 - w) * h.detach(), teacher.head, teacher.targets, teacher.mask,
+                          teacher.temperature, teacher.chunk)
+
+    def loss(self, batch, ctx: RetrievalContext, student):
+        with torch.no_grad():
+            reference = self.reference.score(batch)  # pi_0: the context-free frozen model
+        teacher, slot_metrics = self.latent_teacher(batch, ctx)
+        loss, metrics = self.distill_loss(batch, ctx, student, teacher)
+        composer, composer_metrics = self.composer_loss(batch, ctx, student, teacher, reference)
+        return loss + composer, {**metrics, **composer_metrics, **slot_metrics}
+
+    def composer_loss(self, batch, ctx: RetrievalContext, student: TokenStats, teacher: TokenStats,
+                      reference: TokenStats):
+        """The composer's privilege terms on Delta (its KL term rides on `teacher_side`), over the
+        trajectories whose teacher got a context."""
+        c = self.cfg.algorithm.lopd
+        delta = losses.sequence_mean(teacher.logprobs() - reference.logprobs().detach(), student.mask)  # [B]
         adv = ctx.advantages.to(delta.device)
-        margin, slack = losses.privileged_margin(delta, adv, c.margin)
-        active = (adv != 0).to(delta.dtype)
-        loss = d.coef * kl + self.lam * margin
-        self._constraint.append(float((slack.detach() * active).sum() / active.sum().clamp(min=1)))
-        success = batch.success.to(delta.device)
-        metrics = {"loss/distill": kl.item(), "loss/margin": margin.item(),
+        active = ctx.has_context.to(delta.device)
+        hinge, slack = losses.privileged_margin(delta, adv, c.margin, active)
+        priv = losses.privilege(delta, adv, active)
+        loss = self.lam * hinge
+        if ComposerObjective(c.objective) is ComposerObjective.privilege:
+            loss = loss - c.privilege_weight * priv
+        use = losses.constrained(adv, active).to(delta.dtype)
+        success = batch.success.to(delta.device) & active
+        failure = ~batch.success.to(delta.device) & active
+        metrics = {"loss/margin": hinge.item(), "context/privilege": float(priv.detach()),
+                   "context/constraint": mean_of(slack.detach(), use),
                    "context/delta_success": float(delta[success].mean().detach()) if success.any() else 0.0,
-                   "context/delta_failure": float(delta[~success].mean().detach()) if (~success).any() else 0.0,
-                   "context/margin_violation": mean_of((slack.detach() > 0).float(), active),
-                   "context/privilege": mean_of((adv * delta).detach(), active),
-                   "context/lambda": self.lam, "context/gate": float(torch.tanh(self.composer.gate.detach())),
-                   "context/latent_norm": self._last_norm, **self._retrieval_metrics}
-        if d.pg_weight > 0:
-            pg, pg_metrics = grpo_loss(self.cfg, batch, ctx.advantages, student, reference)
-            loss = loss + d.pg_weight * pg
-            metrics.update(pg_metrics)
+                   "context/delta_failure": float(delta[failure].mean().detach()) if failure.any() else 0.0,
+                   "context/margin_violation": mean_of((slack.detach() > 0).float(), use),
+                   "context/lambda": self.lam, "context/gate": float(torch.tanh(self.composer.gate.detach()))}
         return loss, metrics
 
-    def after_update(self, batch) -> dict[str, float]:
+    def after_update(self, metrics):
         c = self.cfg.algorithm.lopd
-        if c.dual_lr > 0 and self._constraint:
-            self.lam = max(0.0, self.lam + c.dual_lr * sum(self._constraint) / len(self._constraint))
-        self._constraint = []
+        if c.dual_lr > 0 and "context/constraint" in metrics:
+            self.lam = max(0.0, self.lam + c.dual_lr * metrics["context/constraint"])
         return {"context/lambda": self.lam}
 
     def state_dict(self) -> dict:
-        return {"composer": self.composer.state_dict(), "lambda": self.lam, "step": self.step}
+        return {**super().state_dict(), "composer": self.composer.state_dict(), "lambda": self.lam}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, step: int) -> None:
+        super().load_state_dict(state, step)
         if state:
             self.composer.load_state_dict(state["composer"])
-            self.lam, self.step = state["lambda"], state["step"]
-            self.memory.bank.truncate_after(self.step)
+            self.lam = state["lambda"]
 
 
-class LOPDText(SelfDistillation):
+class LOPDText(RetrievalMixin, SelfDistillation):
     """Ablation: the same retrieved experiences, given to the teacher as plain text (no latents)."""
 
     name = "lopd_text"
 
     def setup(self, **runtime) -> None:
         super().setup(**runtime)
-        self.memory = ExperienceMemory(self.cfg, runtime.get("run"), self.reference or self.teacher, runtime["tokenizer"])
-        self.step = 0
+        self.setup_memory(runtime.get("run"))
 
-    def contexts(self, batch):
-        self.step += 1
-        own = self.memory.remember(batch, self.step)
-        found = self.memory.retrieve(batch, self.step, own)
-        self._retrieval_metrics = self.memory.metrics(batch, found)
-        bank = self.memory.bank.entries
-        return [context_examples([(bank[i].task_text, bank[i].trajectory) for i in ids]) if ids else None
-                for ids in found.index]
-
-    def loss(self, batch, ctx, student, teacher, reference=None):
-        loss, metrics = super().loss(batch, ctx, student, teacher, reference)
-        return loss, {**metrics, **self._retrieval_metrics}
-
-    def state_dict(self) -> dict:
-        return {"step": self.step}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.step = state.get("step", 0)
-        self.memory.bank.truncate_after(self.step)
+    def build_context(self, batch, step):
+        return self.retrieve(batch, step)

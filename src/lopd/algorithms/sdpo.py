@@ -19,7 +19,7 @@ from lopd.prompts import context_examples, context_feedback, join_contexts
 class SDPO(SelfDistillation):
     name = "sdpo"
 
-    def contexts(self, batch):
+    def contexts(self, batch, step):
         s = self.cfg.algorithm.sdpo
         success = batch.success.tolist()
         group = batch.group.tolist()

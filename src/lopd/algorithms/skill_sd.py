@@ -15,6 +15,7 @@ the run directory (`skills/`), so a resumed run finds it again.
 from __future__ import annotations
 
 from lopd.algorithms.distill import SelfDistillation
+from lopd.config import SkillExtractor
 from lopd.envs.calls import ParseFailure, parse_calls, render_calls
 from lopd.latent.embedder import build_embedder
 from lopd.latent.experience_bank import Experience, ExperienceBank
@@ -38,12 +39,12 @@ class SkillSD(SelfDistillation):
     def setup(self, **runtime) -> None:
         super().setup(**runtime)
         r = self.cfg.algorithm.retrieval
-        self.embedder = build_embedder(r.embedder, r.embedder_path, self.reference or self.teacher, runtime["tokenizer"])
-        folder = runtime["run"].path / "skills" if runtime.get("run") is not None else None
+        self.embedder = build_embedder(r.embedder, r.embedder_path, self.reference or self.teacher, self.tokenizer)
+        run = runtime.get("run")
+        folder = run.path / "skills" if run is not None else None
         self.library = ExperienceBank(self.embedder.dim, folder, capacity=self.cfg.algorithm.skill.capacity)
-        self.step = 0
 
-    def contexts(self, batch):
+    def contexts(self, batch, step):
         k = self.cfg.algorithm.skill
         texts = [task_text(t) for t in batch.tasks]
         unique = list(dict.fromkeys(texts))
@@ -51,8 +52,7 @@ class SkillSD(SelfDistillation):
         by_text = {t: [self.library.entries[i].trajectory for i in idx] for t, idx in zip(unique, found.index)}
         return [context_skills(by_text[t]) if by_text[t] else None for t in texts]
 
-    def after_update(self, batch):
-        self.step += 1
+    def remember(self, batch, ctx, step):
         known = {e.trajectory for e in self.library.entries}
         new: list[Experience] = []
         wins = [i for i, ok in enumerate(batch.success.tolist()) if ok]
@@ -62,19 +62,17 @@ class SkillSD(SelfDistillation):
                 known.add(skill)
                 task = batch.tasks[i]
                 new.append(Experience(task.id, task_text(task), skill, float(batch.rewards[i]), True,
-                                      step=self.step, source="skill"))
+                                      step=step, source="skill"))
         if new:
             self.library.add(new, self.embedder.encode([e.task_text for e in new]))
         return {"context/skills": float(self.library.size), "context/new_skills": float(len(new))}
 
     def _extract(self, tasks, completions) -> list[str]:
-        if self.cfg.algorithm.skill.extractor == "rule":
+        if SkillExtractor(self.cfg.algorithm.skill.extractor) is SkillExtractor.rule:
             return [rule_skill(c) for c in completions]
-        if self.cfg.algorithm.skill.extractor != "model":
-            raise ValueError(f"algorithm.skill.extractor: '{self.cfg.algorithm.skill.extractor}' is not one of rule, model")
         from lopd.rollout import sample
 
-        tok = self.runtime["tokenizer"]
+        tok = self.tokenizer
         prompts = [encode_prompt(tok, [{"role": "user", "content": SUMMARY_PROMPT.format(request=task_text(t), answer=c)}])
                    for t, c in zip(tasks, completions)]
         if not prompts:
@@ -83,9 +81,6 @@ class SkillSD(SelfDistillation):
             out = sample(model, tok, prompts, temperature=0.0, max_new_tokens=48)
         return [t.strip().splitlines()[0] if t.strip() else "" for t in out.texts]
 
-    def state_dict(self):
-        return {"step": self.step}
-
-    def load_state_dict(self, state):
-        self.step = state.get("step", 0)
-        self.library.truncate_after(self.step)
+    def load_state_dict(self, state, step):
+        super().load_state_dict(state, step)
+        self.library.truncate_after(step)

@@ -6,8 +6,9 @@ experience worth having: every tool has *conventions* (date format, units, city 
 name order, id style) and leaves some of them undocumented, so the request alone is ambiguous and one
 successful earlier call of the same tool reveals the answer.
 
-Splits: `train` and `test` use the same tools with different requests; `transfer` uses unseen tools
-(other names, other conventions). `sft_examples` draws from a fourth pool, with conventions random per
+Splits: `train`, `val` and `test` use the same tools with disjoint requests (choose settings on `val`,
+report on `test`); `transfer` uses unseen tools (other names, other conventions). `val` was added after
+the other three and is drawn from its own random stream, so `train`, `test` and `transfer` are unchanged. `sft_examples` draws from a fourth pool, with conventions random per
 example, to teach the bundled tiny policy the call format without teaching it any tool's conventions.
 
     env = ToolWorld(ToolWorldConfig(seed=0))
@@ -31,7 +32,7 @@ from lopd.envs.toolworld_kinds import CATEGORIES, CODE_SETS, DOMAINS, KINDS, Dom
 
 SYSTEM_PROMPT = "You call tools. Reply with exactly one call: tool_name(arg=value, ...).\nTools:"
 POOLS = {"train": 0, "transfer": 1, "sft": 2}  # pool -> index of the domain's tool-name variant
-SPLITS = ("train", "test", "transfer")
+SPLITS = ("train", "val", "test", "transfer")
 REWARD_MODES = ("binary", "partial")
 
 
@@ -39,6 +40,7 @@ REWARD_MODES = ("binary", "partial")
 class ToolWorldConfig:
     seed: int = 0  # generates tools, conventions and requests
     n_train: int = 2000  # requests in `train`
+    n_val: int = 200  # new requests to the train tools, disjoint from train and test, in `val` (for choices)
     n_test: int = 200  # new requests to the train tools, in `test`
     n_transfer: int = 200  # requests to unseen tools, in `transfer`
     hidden_per_tool: int = 2  # at most this many parameters per tool leave their convention undocumented
@@ -268,10 +270,12 @@ class ToolWorld:
         pool = "transfer" if split == "transfer" else "train"
         tools = self.tools(pool)
         seen: set[str] = set()
-        if split == "test":  # test requests must not occur in train
+        if split in ("val", "test"):  # held-out requests never occur in train; val's never in test either
             seen = {t.meta["request"] for t in self.tasks("train")}
+        if split == "val":
+            seen |= {t.meta["request"] for t in self.tasks("test")}
         rng = random.Random(f"toolworld/{c.seed}/{split}/requests")
-        n = {"train": c.n_train, "test": c.n_test, "transfer": c.n_transfer}[split]
+        n = {"train": c.n_train, "val": c.n_val, "test": c.n_test, "transfer": c.n_transfer}[split]
         out: list[Task] = []
         while len(out) < n:
             tool = tools[len(out) % len(tools)]

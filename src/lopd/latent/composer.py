@@ -1,4 +1,4 @@
-"""The latent composer C_phi: retrieved experiences -> K continuous tokens z in front of the teacher's prompt.
+"""The latent composer C_phi: retrieved experiences -> what K latent slots add to the teacher's prompt.
 
     memory  = [null ; LN(W_in h) + outcome[success]]   h: per token of each retrieved experience ("request ->
                                                     answer"), the frozen backbone's [last hidden ; input
@@ -7,15 +7,15 @@
     q       = K learned queries                     [K, D]
     q      += CrossAttn(LN(q), memory); q += MLP(LN(q))     x layers (a Perceiver-style resampler)
     n       = normalize(W_out q) * mean token-embedding norm
-    z       = base + tanh(gate) * n                  [K, H]
-    base    = E[filler] x K, or (copy_tokens) the input embeddings of the first K tokens of the retrieved
-              experiences, filler where they run out
+    values  = tanh(gate) * n                         over the context's tokens (copy_tokens): the teacher
+                                                    adds each to the embedding of the context token under it
+            = filler + tanh(gate) * n                otherwise: K slots of their own, starting as a neutral token
 
-The gate starts at 0, so at step 0 the prefix is either K neutral filler tokens (the teacher reads its
-prompt as usual) or the retrieved experiences as soft text (the teacher reads them like a text context);
-either way the composer starts from a teacher that works, and learns what to add. With
-no retrieval (`memory` is None) the queries skip cross-attention: a learned, task-independent prefix.
-Everything is differentiable; the backbone is not part of the composer and gets no gradient from it.
+The gate starts at 0 (`gate_init`), so at step 0 the slots are exactly the retrieved experiences as soft
+text (the teacher reads them as it reads the text context: `lopd_text`) or K neutral filler tokens; the
+composer starts from a teacher that works, and learns what to add. With no retrieval (`memory` is None)
+the queries skip cross-attention: a learned, task-independent context. Everything is differentiable;
+the backbone is not part of the composer and gets no gradient from it.
 """
 
 from __future__ import annotations
@@ -33,10 +33,15 @@ class ResamplerLayer(nn.Module):
         self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
         self.ff = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
-    def forward(self, q: Tensor, memory: Tensor | None, memory_pad: Tensor | None) -> Tensor:
+    def forward(self, q: Tensor, memory: Tensor | None, memory_pad: Tensor | None,
+                attention: list[Tensor] | None = None) -> Tensor:
         if memory is not None:  # q: [b, K, D]; memory: [b, M, D]; memory_pad: [b, M] True = padding
             m = self.norm_m(memory)
-            q = q + self.attn(self.norm_q(q), m, m, key_padding_mask=memory_pad, need_weights=False)[0]
+            out, weights = self.attn(self.norm_q(q), m, m, key_padding_mask=memory_pad,
+                                     need_weights=attention is not None)
+            if attention is not None:
+                attention.append(weights.detach())  # [b, K, M] averaged over heads
+            q = q + out
         return q + self.ff(self.norm_ff(q))
 
 
@@ -60,9 +65,12 @@ class Composer(nn.Module):
         self.register_buffer("filler", filler.detach().clone().float().reshape(1, 1, hidden))  # [1, 1, H]
 
     def forward(self, memory: Tensor | None = None, memory_pad: Tensor | None = None,
-                memory_success: Tensor | None = None, batch: int | None = None) -> Tensor:
-        """memory: [b, M, F] features of the retrieved experiences' tokens (concatenated), memory_pad: [b, M],
-        memory_success: [b, M] long (1 where the token belongs to a success). Returns z: [b, K, H]."""
+                memory_success: Tensor | None = None, batch: int | None = None,
+                attention: list[Tensor] | None = None) -> Tensor:
+        """memory: [b, M, F] features of the retrieved experiences' tokens (concatenated), memory_pad: [b, M]
+        (True = padding), memory_success: [b, M] long (1 where the token belongs to a success). Returns the
+        slots' values [b, K, H] (see the module doc). `attention`, if given a list, receives each layer's
+        attention of the K queries over [null ; memory], [b, K, 1 + M] (for inspection)."""
         b = memory.shape[0] if memory is not None else batch
         q = self.queries.unsqueeze(0).expand(b, -1, -1)  # [b, K, D]
         mem = None
@@ -74,13 +82,8 @@ class Composer(nn.Module):
             mem = torch.cat([self.null.expand(b, -1, -1), mem], dim=1)  # [b, 1 + M, D]
             if memory_pad is not None:
                 memory_pad = torch.cat([torch.zeros_like(memory_pad[:, :1]), memory_pad], dim=1)
-        base = self.filler.expand(b, self.latent_tokens, -1)  # [b, K, H]
-        if self.copy_tokens and memory is not None:  # start from the experiences' own token embeddings
-            K = min(self.latent_tokens, memory.shape[1])
-            tokens = memory[:, :K, -self.hidden:].to(base.dtype)  # [b, K, H] the input-embedding half
-            keep = ~memory_pad[:, 1:K + 1, None] if memory_pad is not None else torch.ones_like(tokens[..., :1], dtype=torch.bool)
-            base = torch.cat([torch.where(keep, tokens, base[:, :K]), base[:, K:]], dim=1)
         for layer in self.layers:
-            q = layer(q, mem, memory_pad)
+            q = layer(q, mem, memory_pad, attention)
         n = nn.functional.normalize(self.out(self.norm_out(q)), dim=-1) * self.embed_norm  # [b, K, H]
-        return base + torch.tanh(self.gate) * n
+        added = torch.tanh(self.gate) * n
+        return added if self.copy_tokens else self.filler.expand(b, self.latent_tokens, -1) + added

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
+
+from lopd.config import Eviction
 
 
 @dataclass
@@ -36,7 +38,6 @@ class Experience:
     group: str = ""  # sampling group: trajectories sampled together for one task at one step
     source: str = "rollout"
     category: str = ""
-    tokens: list[int] = field(default_factory=list)
     id: int = -1  # assigned by the bank
 
 
@@ -47,10 +48,9 @@ class Retrieved:
 
 
 class ExperienceBank:
-    def __init__(self, dim: int, folder: str | Path | None = None, capacity: int = 0, eviction: str = "fifo"):
-        if eviction not in ("fifo", "lowest_reward"):
-            raise ValueError(f"bank eviction '{eviction}' is not one of fifo, lowest_reward")
-        self.dim, self.capacity, self.eviction = dim, capacity, eviction
+    def __init__(self, dim: int, folder: str | Path | None = None, capacity: int = 0,
+                 eviction: Eviction | str = Eviction.fifo):
+        self.dim, self.capacity, self.eviction = dim, capacity, Eviction(eviction)
         self.entries: list[Experience] = []
         self.keys = np.zeros((0, dim), dtype=np.float32)
         self.alive = np.zeros(0, dtype=bool)
@@ -98,7 +98,8 @@ class ExperienceBank:
             keys = np.fromfile(self._keys_path, dtype=np.float32)
             keys = keys[: len(keys) // self.dim * self.dim].reshape(-1, self.dim)
         n = min(len(rows), len(keys))
-        self.entries = [Experience(**r) for r in rows[:n]]
+        known = {f.name for f in fields(Experience)}
+        self.entries = [Experience(**{k: v for k, v in r.items() if k in known}) for r in rows[:n]]
         for i, e in enumerate(self.entries):
             e.id = i
         self.keys = np.ascontiguousarray(keys[:n])
@@ -159,7 +160,7 @@ class ExperienceBank:
             return
         live = np.flatnonzero(self.alive)
         excess = len(live) - self.capacity
-        if self.eviction == "fifo":
+        if self.eviction is Eviction.fifo:
             victims = live[:excess]
         else:  # lowest reward first, oldest first among equals
             rewards = np.array([self.entries[i].reward for i in live])

@@ -1,0 +1,109 @@
+"""Remember and retrieve experiences, and encode them for the composer (shared by LOPD and lopd_text).
+
+    ExperienceMemory   the bank, its embedder and the exclusion rules: remember a batch's trajectories,
+                       retrieve the top-k successful experiences of other sampling groups for each task
+    ExperienceEncoder  per token of an entry ("request -> answer"), the frozen backbone's
+                       [last hidden ; input embedding], cached (LRU): the composer's memory
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from lopd.config import RememberWhat
+from lopd.latent.embedder import build_embedder
+from lopd.latent.experience_bank import Experience, ExperienceBank, Retrieved
+from lopd.prompts import task_text
+from lopd.tokens import decoder_and_head
+
+
+class ExperienceMemory:
+    """Remember and retrieve: the bank, its embedder, and the exclusion rules (shared by LOPD and lopd_text)."""
+
+    def __init__(self, cfg, run, reference, tokenizer):
+        r, c = cfg.algorithm.retrieval, cfg.algorithm.lopd
+        self.cfg = c
+        self.embedder = build_embedder(r.embedder, r.embedder_path, reference, tokenizer)
+        folder = run.path / "bank" if run is not None else None
+        self.bank = ExperienceBank(self.embedder.dim, folder, capacity=c.bank_capacity, eviction=c.eviction)
+
+    def remember(self, batch, step: int) -> list[int]:
+        """Store the batch's trajectories; returns their bank ids (-1 for the ones not kept)."""
+        keep = [i for i in range(len(batch)) if RememberWhat(self.cfg.remember) is RememberWhat.all or bool(batch.success[i])]
+        texts = [task_text(batch.tasks[i]) for i in keep]
+        entries = [Experience(batch.tasks[i].id, texts[j], batch.texts[i], float(batch.rewards[i]),
+                              bool(batch.success[i]), batch.feedback[i], step, f"{step}:{int(batch.group[i])}",
+                              category=batch.tasks[i].category)
+                   for j, i in enumerate(keep)]
+        ids = self.bank.add(entries, self._encode_unique(texts)) if entries else []
+        out = [-1] * len(batch)
+        for i, bank_id in zip(keep, ids):
+            out[i] = bank_id
+        return out
+
+    def _encode_unique(self, texts: list[str]):
+        unique = list(dict.fromkeys(texts))
+        keys = self.embedder.encode(unique)
+        row = {t: i for i, t in enumerate(unique)}
+        return keys[[row[t] for t in texts]]
+
+    def retrieve(self, batch, step: int, own_ids: list[int] | None = None) -> Retrieved:
+        """Top-k per trajectory, searched once per sampling group: every trajectory of a group shares its
+        task, and excluding the group excludes each of them (their own entries included, if the batch was
+        already remembered)."""
+        own_ids = own_ids if own_ids is not None else [-1] * len(batch)
+        groups = [f"{step}:{int(g)}" for g in batch.group]
+        first = {g: i for i, g in reversed(list(enumerate(groups)))}  # group -> its first trajectory
+        order = list(first)
+        texts = [task_text(batch.tasks[first[g]]) for g in order]
+        found = self.bank.search(self._encode_unique(texts), self.cfg.retrieve_k, exclude_groups=order,
+                                 exclude_ids=[[i for i, gg in zip(own_ids, groups) if gg == g and i >= 0] for g in order],
+                                 successes_only=not self.cfg.retrieve_failures, min_similarity=self.cfg.min_similarity)
+        row = {g: j for j, g in enumerate(order)}
+        return Retrieved([found.index[row[g]] for g in groups], [found.similarity[row[g]] for g in groups])
+
+    def metrics(self, batch, found) -> dict[str, float]:
+        """Bank size, similarity of what was retrieved, and the hit rate: the fraction of tasks for which
+        at least one retrieved experience is of the task's own category (ToolWorld: the same tool)."""
+        sims = [s for row in found.similarity for s in row]
+        hits = [any(self.bank.entries[i].category == t.category for i in row) for t, row in zip(batch.tasks, found.index)]
+        return {**self.bank.stats(),
+                "context/retrieved_per_task": sum(map(len, found.index)) / max(len(found.index), 1),
+                "context/retrieval_similarity": sum(sims) / len(sims) if sims else 0.0,
+                "context/retrieval_hit": sum(hits) / max(len(hits), 1)}
+
+
+class ExperienceEncoder:
+    """Features of bank entries ("request -> answer" tokens) from the frozen backbone, cached (LRU):
+    per token, [last hidden state ; input embedding] ([L, 2H]): what the token means in context, and
+    which token it is (so the composer can carry exact values, e.g. a date's format, into z)."""
+
+    def __init__(self, reference, tokenizer, max_tokens: int, cache_entries: int):
+        self.reference, self.tokenizer, self.max_tokens, self.cache_entries = reference, tokenizer, max_tokens, cache_entries
+        self.cache: OrderedDict[int, torch.Tensor] = OrderedDict()
+
+    @torch.no_grad()
+    def encode(self, bank: ExperienceBank, ids: list[int]) -> list[torch.Tensor]:
+        missing = [i for i in dict.fromkeys(ids) if i not in self.cache]
+        if missing:
+            seqs = [self.tokenizer(f"{bank.entries[i].task_text} -> {bank.entries[i].trajectory}",
+                                   add_special_tokens=False)["input_ids"][: self.max_tokens] or [0] for i in missing]
+            with self.reference.active() as model:
+                decoder, _ = decoder_and_head(model)
+                device = next(model.parameters()).device
+                # one entry at a time: an entry's features never depend on what it was batched with, so a
+                # resumed run (empty cache) composes exactly what the uninterrupted run did
+                for i, seq in zip(missing, seqs):
+                    x = torch.tensor([seq], device=device)  # [1, L]
+                    h = decoder(input_ids=x).last_hidden_state
+                    e = decoder.get_input_embeddings()(x)
+                    self.cache[i] = torch.cat([h, e], dim=-1).float()[0]  # [L, 2H]
+        out = []
+        for i in ids:
+            self.cache.move_to_end(i)
+            out.append(self.cache[i])
+        while len(self.cache) > self.cache_entries:
+            self.cache.popitem(last=False)
+        return out
