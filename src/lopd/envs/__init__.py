@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from lopd.envs.base import DataError, Env, Score, Task
 from lopd.envs.acebench import ACEBench
+from lopd.envs.acebench_agent import ACEBenchAgent
 from lopd.envs.bfcl import BFCL
 from lopd.envs.humaneval import HumanEval
 from lopd.envs.toolworld import ToolWorld
@@ -15,6 +16,7 @@ ENVS = {
     "toolworld_episodes": lambda cfg: ToolWorldEpisodes(cfg.toolworld),
     "bfcl": lambda cfg: BFCL(cfg.bfcl),
     "acebench": lambda cfg: ACEBench(cfg.acebench),
+    "acebench_agent": lambda cfg: ACEBenchAgent(cfg.acebench),
     "humaneval": lambda cfg: HumanEval(cfg.humaneval),
 }
 

@@ -14,16 +14,17 @@ row has one, the tool list as JSON, one tool a line) followed by the row's trans
 role are joined). ACEBench's own prompt instead puts the whole transcript in one user message.
 
 Splits: every category name (`normal_atom_bool`, `special_incomplete`, `agent_multi_step`, ...), the groups
-`normal`, `special`, `agent`, `all` (normal + special: agent rows cannot be scored, see below), and
+`normal`, `special`, `agent`, `all` (normal + special: agent rows are not scored here, see below), and
 `train`/`test`: a seeded split of the normal and special rows, stratified by category, `train_fraction`
 of each category's units in `train`, the units ordered by a stable hash of seed and id. A unit is a row,
 except in the normal multi-turn categories where it is a whole conversation (ids `<category>_<conv>_<turn>`),
 because a later turn's transcript holds the answers of the earlier ones.
 
 Scoring (rules in `lopd.envs.acebench_checker`): `official` reproduces the released evaluator's verdict,
-`strict` compares exactly. Agent categories (multi_step, multi_turn) need an execution environment of
-simulated phone/food/travel APIs and, for multi_turn, an LLM playing the user; neither is part of lopd,
-so their tasks score 0 with a reason saying so, and they are left out of `all`, `train` and `test`.
+`strict` compares exactly. Agent categories are multi-turn, so a single reply cannot be scored: here their
+tasks score 0 with a reason saying so, and they are left out of `all`, `train` and `test`. `agent_multi_step`
+is served as episodes against a simulated phone by `lopd.envs.acebench_agent.ACEBenchAgent` (env
+`acebench_agent`, scored by the end state); `agent_multi_turn` needs an LLM playing the user, which lopd lacks.
 
 Reporting: `category_results` turns per-task success into per-category (rows, accuracy) the released way
 (a normal multi-turn conversation counts only when all its turns are right); `summary` weights categories by
@@ -58,8 +59,8 @@ CATEGORIES = NORMAL + SPECIAL + AGENT
 GROUPS = {"normal": NORMAL, "special": SPECIAL, "agent": AGENT, "all": NORMAL + SPECIAL}
 SPLITS = CATEGORIES + tuple(GROUPS) + ("train", "test")
 MODES = ("official", "strict")
-AGENT_REASON = ("ACEBench agent categories need the multi-turn driver and simulated APIs (and an LLM user "
-                "for multi_turn): not implemented, scored 0.")
+AGENT_REASON = ("ACEBench agent rows are multi-turn and a single reply scores 0 here: agent_multi_step is scored "
+                "as episodes by the env acebench_agent; agent_multi_turn needs an LLM user, not implemented.")
 DEFAULT_DATA = Path("shared") / "data" / "acebench" / "en"
 
 # Rows whose own ground truth, written as `reference` writes it, fails the released evaluator (and so the
