@@ -308,6 +308,35 @@ def test_parallel_calls_match_one_to_one_in_strict_only():
     assert _modes('[find_flight(to="Paris")]', truth) == {"official": False, "strict": False}
 
 
+@needs_data
+@pytest.mark.parametrize("old, new, position", [("thirdImageBase64", "THIRDIMAGEBASE64", 3),
+                                                ("firstImageBase64", "1st", 1)])
+def test_strict_feedback_names_the_wrong_parallel_call(env, old, new, position):
+    """Reply calls are matched to answer calls first; the one left over is compared with the closest answer
+    call left over (it used to be compared with the second answer call: "'secondImageBase64' is wrong"),
+    and the API keeps the schema's spelling (it used to read "Medical_imaging_analysis")."""
+    task = next(t for t in env.tasks("normal_single_turn_parallel_function")
+                if t.id == "normal_single_turn_parallel_function_30")
+    assert "medical_imaging_analysis" in [t["name"] for t in task.meta["row"]["function"]]
+    reply = env.reference(task).replace(old, new)
+    assert reply.count(new) == 1
+    feedback = "Call {} (medical_imaging_analysis): 'image_data' has the wrong value '" + new + "'."
+    assert env.score_modes(task, reply)["strict"] == Score(0.0, False, feedback.format(position))
+    reversed_reply = "[" + ", ".join(c.render() for c in reversed(parse_calls(reply))) + "]"
+    assert env.score_modes(task, reversed_reply)["strict"].feedback == feedback.format(5 - position)
+
+
+def test_strict_feedback_keeps_the_api_name_as_spelled():
+    tools = [{"name": "getWeather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                   "required": ["city"]}}]
+    assert strict_normal(tools, '[getWeather(city="Pariss")]', {"getWeather": {"city": "Paris"}}).feedback == (
+        "getWeather: 'city' has the wrong value 'Pariss'.")
+    truth = {"getWeather_1": {"city": "Paris"}, "getWeather_2": {"city": "Lyon"}}
+    assert strict_normal(tools, '[getWeather(city="Lyon"), getWeather(city="Pariss")]', truth).feedback == (
+        "Call 2 (getWeather): 'city' has the wrong value 'Pariss'.")
+    assert strict_normal(tools, '[getWeather(city="Lyon")]', truth).feedback == "Expected 2 call(s), got 1."
+
+
 def test_multi_answer_rows_accept_any_possible_answer():
     truth = [{"find_flight": {"to": "Paris"}}, {"find_flight": {"to": "Lyon"}}]
     assert _modes('[find_flight(to="Lyon")]', truth) == {"official": True, "strict": True}

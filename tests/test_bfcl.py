@@ -460,6 +460,29 @@ def test_greedy_parallel_matching_of_bfcl():
     assert all(s.success for s in env.score_modes(task, "[geo.volume(a=[1]), geo.volume(a=[1], b=5)]").values())
 
 
+BOARD_GAMES = ('[AmazonGameStore.recommend(numOfPlayers=4, category="party", priceRange="$20-$30"), '
+               'BoardGameGeek.recommend(numPlayers=4, category="PARTY", difficulty="intermediate"), '
+               'BoardGameGeek.recommend(numPlayers=6, category="STRATEGY"), '
+               'AmazonGameStore.recommend(numOfPlayers=6, category="strategy", priceRange="$20-$30")]')
+
+
+@pytest.mark.parametrize("row, text, feedback", [
+    # two wrong calls, in another order than the answer's: compared with the first expected call left over,
+    # call 2 used to be blamed for its right 'numPlayers' ("Wrong value for 'numPlayers': 4.")
+    ("parallel_multiple_121", BOARD_GAMES,
+     "Call 2 (BoardGameGeek.recommend) matches no expected call: Wrong value for 'category': 'PARTY'."),
+    ("parallel_48",
+     '[PokemonGO.get_moves(pokemon="Bulbasaur", move="solar beam"), PokemonGO.get_moves(pokemon="Pikachu")]',
+     "Call 1 (PokemonGO.get_moves) matches no expected call: Wrong value for 'move': 'solar beam'."),
+])
+def test_strict_feedback_names_the_wrong_parallel_call(env, row, text, feedback):
+    """The first call left out of a maximum matching, against its closest expected call; names as spelled."""
+    task = next(t for t in env.tasks(row.rsplit("_", 1)[0]) if t.id == row)
+    scores = verdicts(env, task, text)
+    assert scores["official"].success  # BFCL standardises case: only strict rejects these
+    assert scores["strict"] == Score(0.0, False, feedback)
+
+
 def test_feedback_is_one_sentence(env):
     task = env.tasks("parallel")[0]
     for text in ("", "[", "x" * 200_000, "[f(a=1)]", env.reference(task)[:-2] + ")]", "[1, 2]"):

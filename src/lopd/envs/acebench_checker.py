@@ -28,6 +28,9 @@ the leaderboard. The rules, for the normal categories:
     `items` schema counts as a list of objects.
   * Where the released evaluator raises an exception (e.g. an `objectArray` parameter, an iteration over
     a number) we count the reply as wrong and say so.
+  * Hostile replies are refused before they can hang or crash the checker, each with its reason: a null
+    byte, a lone surrogate, nesting deeper than `lopd.envs.calls.MAX_DEPTH` levels, arithmetic building an
+    int of over 100,000 bits or a string/list of over 100,000 items (eval would take seconds or gigabytes).
 Special categories look for fixed phrases in the raw reply: incomplete needs "Missing necessary
 parameters", the API name and every missing parameter name as substrings; error_param needs "There is
 incorrect value" and every wrong value as substrings (parameter names are not checked); irrelevant needs
@@ -40,6 +43,9 @@ strict: a training reward that cannot be earned by a wrong answer.
     ones, no extra ones), values equal after normalisation: strings stripped of surrounding whitespace,
     otherwise exact (case, punctuation, no substrings); numbers by value, an int accepted for a float
     but not a float for an int; booleans and None by identity; lists in order; objects with the same keys.
+    Without a one-to-one match, the feedback names the first reply call left out of a maximum matching
+    ("Call 3 (ApiName): ...", the API spelled as its schema does) and its fault against the closest answer
+    call left out.
   * Special categories: the reply, optionally wrapped as ["..."], must not contain a tool call nor the
     phrase of another special category (no hedging). incomplete: exactly one
     "Missing necessary parameters (p1, p2) for the api (Name)" whose parameter set equals the answer's and
@@ -59,9 +65,11 @@ from collections import Counter
 from typing import Any, Iterable, Sequence
 
 from lopd.envs.base import Score, bipartite_matching, dotted_name
-from lopd.envs.calls import Call, ParseFailure, parse_calls
+from lopd.envs.calls import Call, ParseFailure, parse_calls, parse_expression
 
 MAX_CHARS = 50_000  # longer replies are wrong in both modes (parsing huge input is slow)
+MAX_ITEMS = 100_000  # longest string, list or tuple the official decoder's arithmetic may build
+MAX_BITS = 100_000  # largest integer (in bits) it may build
 
 SPECIAL_KINDS = ("incomplete", "error_param", "irrelevant")
 PHRASES = {
@@ -83,7 +91,11 @@ def _wrong(text: str) -> Score:
 
 
 def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
+    """A value's repr for feedback, clipped to `limit` characters; an int too long to print is described."""
+    try:
+        text = repr(value)
+    except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion", possibly nested
+        return "a number too long to show"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -133,6 +145,21 @@ _BINOPS = {
 _UNARY = {ast.USub: lambda a: -a, ast.UAdd: lambda a: +a, ast.Not: lambda a: not a, ast.Invert: lambda a: ~a}
 
 
+def _too_large(op: ast.operator, left: Any, right: Any) -> bool:
+    """Whether `left op right` would build a sequence of over MAX_ITEMS items or an int of over MAX_BITS
+    bits (eval would take seconds or gigabytes: '[1]*9999*9999', "'a'*9999 + 'a'*9999 + ...")."""
+    ints = all(isinstance(x, int) for x in (left, right))
+    if isinstance(op, ast.Mult):
+        if ints:
+            return left.bit_length() + right.bit_length() > MAX_BITS
+        for seq, count in ((left, right), (right, left)):
+            if isinstance(seq, (str, bytes, list, tuple)) and isinstance(count, int):
+                return len(seq) * max(count, 0) > MAX_ITEMS
+    if isinstance(op, ast.Add) and all(isinstance(x, (str, bytes, list, tuple)) for x in (left, right)):
+        return len(left) + len(right) > MAX_ITEMS
+    return False
+
+
 def _arith(node: ast.expr) -> Any:
     """Compute arithmetic on literals, which the released evaluator hands to eval(); nothing else."""
     if isinstance(node, ast.Constant):
@@ -152,6 +179,8 @@ def _arith(node: ast.expr) -> Any:
             count = left if isinstance(left, int) else right
             if isinstance(count, int) and count > 10_000:
                 raise ValueError("repetition too large to evaluate")
+        if _too_large(node.op, left, right):
+            raise ValueError("value too large to evaluate")
         return _BINOPS[type(node.op)](left, right)
     raise ValueError(f"cannot evaluate {type(node).__name__} safely")
 
@@ -193,11 +222,10 @@ def official_decode(text: Any) -> list[tuple[str, dict]] | str:
         return "the reply is not text"
     if len(text) > MAX_CHARS:
         return f"the reply is longer than {MAX_CHARS} characters"
-    squeezed = "".join(text.split())
+    body = parse_expression("".join(text.split()))  # warnings ("invalid decimal literal") are silenced there
+    if isinstance(body, ParseFailure):
+        return body.reason
     try:
-        with warnings.catch_warnings():  # e.g. "invalid decimal literal" once whitespace is gone
-            warnings.simplefilter("ignore")
-            body = ast.parse(squeezed, mode="eval").body
         if not isinstance(body, (ast.List, ast.Tuple, ast.Set)):
             return "the reply is not a list of calls"
         calls = []
@@ -206,7 +234,7 @@ def official_decode(text: Any) -> list[tuple[str, dict]] | str:
                 return "an element of the list is not a call"
             calls.append((dotted_name(node.func), _official_args(node)))
         return calls
-    except Exception as e:  # SyntaxError, ValueError, TypeError, RecursionError, MemoryError: not readable
+    except Exception as e:  # ValueError (arithmetic guards), TypeError, RecursionError, MemoryError: not readable
         return f"it does not parse ({type(e).__name__})"
 
 
@@ -457,9 +485,10 @@ def strict_args_fault(got: dict, want: dict, prefix: str = "") -> str | None:
 
 
 def _strict_candidate(calls: list[Call], answer: dict, tool_names: set[str]) -> str | None:
+    """Why `calls` fail one possible answer under strict rules (a sentence without its period), or None."""
     wanted = [(call_name(k, tool_names), v) for k, v in answer.items()]
     if len(calls) != len(wanted):
-        return f"expected {len(wanted)} call(s), got {len(calls)}"
+        return f"Expected {len(wanted)} call(s), got {len(calls)}"
     for call in calls:
         if call.name not in tool_names:
             return f"'{call.name}' is not one of the available APIs"
@@ -469,16 +498,37 @@ def _strict_candidate(calls: list[Call], answer: dict, tool_names: set[str]) -> 
             return f"'{name}' is called more often than the request needs"
     for name in want:
         if got[name] < want[name]:
-            return f"a call of '{name}' is missing"
+            return f"A call of '{name}' is missing"
     faults = [[None if c.name != n else strict_args_fault(c.arguments, a) for c in calls] for n, a in wanted]
     compatible = [[c.name == n and f is None for c, f in zip(calls, row)] for (n, _), row in zip(wanted, faults)]
-    if None not in bipartite_matching(compatible):  # every answer call has its own reply call
+    matching = bipartite_matching(compatible)
+    if None not in matching:  # every answer call has its own reply call
         return None
-    for (name, _), row in zip(wanted, faults):
-        for call, fault in zip(calls, row):
-            if call.name == name and fault is not None:
-                return f"{name}: {fault}"
-    return "the calls do not match the answer one to one"
+    return _unmatched_call_fault(calls, wanted, faults, matching)
+
+
+def _mismatches(got: dict, want: dict) -> int:
+    """How far a call's arguments are from an answer call's: parameters missing or extra, plus wrong values."""
+    shared = got.keys() & want.keys()
+    return len(got.keys() ^ want.keys()) + sum(strict_value_fault(got[k], want[k], str(k)) is not None for k in shared)
+
+
+def _unmatched_call_fault(calls: list[Call], wanted: list[tuple[str, dict]], faults: list[list[str | None]],
+                          matching: list[int | None]) -> str:
+    """The fault of the first reply call left out of a maximum matching, against the closest answer call
+    that is left out too (same API, fewest mismatches): the call that is actually wrong, not a right call
+    compared with another call's answer. The API is named as the schema spells it."""
+    free_rows = [i for i, j in enumerate(matching) if j is None]
+    taken = set(matching)
+    for j, call in enumerate(calls):
+        if j in taken:
+            continue
+        rows = [i for i in free_rows if wanted[i][0] == call.name]
+        if rows:  # the per-API counts agree, so an unmatched call has an unmatched answer call of its API
+            i = min(rows, key=lambda r: _mismatches(call.arguments, wanted[r][1]))
+            where = call.name if len(calls) == 1 else f"Call {j + 1} ({call.name})"
+            return f"{where}: {faults[i][j]}"
+    return "The calls do not match the answer one to one"
 
 
 def _quiet_parse(text: str) -> list[Call] | ParseFailure:
@@ -504,11 +554,14 @@ def strict_normal(tools: Sequence[dict], text: str, ground_truth: Any) -> Score:
         if fault is None:
             return _ok("Correct calls.")
         first_fault = first_fault or fault
-    return _wrong(first_fault[0].upper() + first_fault[1:] + ".")
+    return _wrong(first_fault + ".")  # no capitalising: the sentence may start with an API's name
 
 
 _WRAPPED = re.compile(r"""^\[\s*(["'])(.*)\1\s*\]$|^(["'])(.*)\3$""", re.S)
-_EMBEDDED_CALL = re.compile(r"[A-Za-z_][\w.]*\(\s*[A-Za-z_]\w*\s*=")
+# A call with a keyword argument inside text: `name(key=`. The name is matched from the start of its run of
+# word characters and dots, possessively, so each run is scanned once (49,000 letters took 6-19 s before).
+_EMBEDDED_CALL = re.compile(r"(?<![\w.])([\w.]*+)\(\s*[A-Za-z_]\w*\s*=")
+_NAME_START = re.compile(r"[A-Za-z_]")
 _INCOMPLETE = re.compile(r"Missing necessary parameters \(([^()]*)\) for the api \(([^()]*)\)")
 _ERROR_PARAM = re.compile(r"There is incorrect value \((.*?)\) for the parameters? \(([^()]*)\)", re.S)
 
@@ -523,7 +576,13 @@ def _unwrap(text: str) -> str:
 
 def _has_call(text: str) -> bool:
     calls = _quiet_parse(text)
-    return (not isinstance(calls, ParseFailure) and len(calls) > 0) or bool(_EMBEDDED_CALL.search(text))
+    return (not isinstance(calls, ParseFailure) and len(calls) > 0) or _has_embedded_call(text)
+
+
+def _has_embedded_call(text: str) -> bool:
+    """Whether `text` holds `name(key=` where name is [A-Za-z_][\\w.]*: a run of word characters and dots
+    with a letter or underscore in it (the name starts there) right before the parenthesis."""
+    return any(_NAME_START.search(m.group(1)) for m in _EMBEDDED_CALL.finditer(text))
 
 
 def _items(text: str) -> list[str]:

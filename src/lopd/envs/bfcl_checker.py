@@ -11,7 +11,9 @@ re-implemented here from its rules:
             quotes, parse as a Python expression; a single call or a list of calls. Keyword arguments
             only (positional ones are silently dropped); a bare name is read as its string, a call
             without keywords as its source text, a call with keywords as {name: {args}}, `-c` of a
-            constant c as -c, a subscript as its source text, arithmetic on constants is computed.
+            constant c as -c, a subscript as its source text, arithmetic on constants is computed
+            (a value that would exceed 100,000 bits or items is not: it decodes as `TooLarge`, which
+            keeps the call a call and matches nothing).
   counting  simple categories: exactly one call; multiple: as many calls as expected (one);
             parallel*: as many calls as expected, matched in any order, greedily (each expected call,
             in order, takes the first still-unmatched output call that passes it).
@@ -39,7 +41,8 @@ strict success is always an official success:
   decoding  the same wrapping, then literal values only (`lopd.envs.calls.parse_calls`): no
             positional arguments, no bare names, no arithmetic, no nested calls.
   matching  as many calls as expected, matched to the expected ones in any order (a perfect
-            matching, not greedy).
+            matching, not greedy). Without one, the feedback names the first call left out of a
+            maximum matching and its fault against the closest expected call left out.
   types     the schema type, with int accepted for float (also inside arrays and dicts), bool never a
             number; or the type of an acceptable value (the data's "variables" and None).
   values    strings stripped of surrounding whitespace and compared case-sensitively; numbers by
@@ -55,6 +58,7 @@ from __future__ import annotations
 import ast
 import operator
 import re
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from lopd.envs.base import Score, Task, bipartite_matching, dotted_name
@@ -63,12 +67,29 @@ from lopd.envs.calls import Call, ParseFailure, parse_calls
 # ---------------------------------------------------------------------------------- decoding
 
 MAX_OUTPUT_CHARS = 100_000  # longer outputs are not parsed (both modes)
-_MAX_POWER = 10_000  # arithmetic guards for the official decoder's evaluation of constant expressions
-_MAX_SEQUENCE = 100_000
+_MAX_BITS = 100_000  # arithmetic guards for the official decoder's evaluation of constant expressions:
+_MAX_SEQUENCE = 100_000  # the largest int (bits) and the longest str/bytes/list/tuple it builds
 
 
 class _Undecodable(Exception):
     pass
+
+
+class _TooLargeError(Exception):
+    """Raised by the arithmetic guards: the expression's value would exceed _MAX_BITS or _MAX_SEQUENCE."""
+
+
+@dataclass(frozen=True)
+class TooLarge:
+    """The value of a constant expression too large to evaluate here ('2**99999', '(3**10000)**10000',
+    "'a'*99999 + 'a'*99999 + ..."), which BFCL's eval would compute (for seconds, or gigabytes). It keeps
+    the call a call, as BFCL reads it (an irrelevance row fails, a relevance row passes), and it equals
+    no acceptable value: its type is no schema type, so the call gets a wrong-type fault."""
+
+    source: str  # the expression, clipped
+
+    def __repr__(self) -> str:
+        return f"{self.source} (too large to evaluate)"
 
 
 def bfcl_wrap(text: str) -> str:
@@ -125,7 +146,11 @@ def _loose_value(node: ast.expr) -> Any:
             raise _Undecodable("'**' inside a dict")
         return {_loose_value(k): _loose_value(v) for k, v in zip(node.keys, node.values)}
     if isinstance(node, ast.BinOp):
-        return _constant_expression(node)
+        try:
+            return _constant_expression(node)
+        except _TooLargeError:
+            source = ast.unparse(node)
+            return TooLarge(source if len(source) <= 40 else source[:37] + "...")
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.Call):
@@ -138,27 +163,44 @@ def _loose_value(node: ast.expr) -> Any:
     raise _Undecodable(f"unsupported value ({type(node).__name__})")
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _guarded_pow(a: Any, b: Any) -> Any:
-    if isinstance(b, (int, float)) and abs(b) > _MAX_POWER:
-        raise _Undecodable("exponent too large to evaluate")
+    """a ** b, unless it is an int of over about _MAX_BITS bits ((3**10000)**10000 took 98 s). Other
+    powers are cheap: floats and complex numbers overflow (OverflowError, as under eval) or round."""
+    if _is_int(a) and _is_int(b) and b > 0 and abs(a) > 1 and (a.bit_length() - 1) * b > _MAX_BITS:
+        raise _TooLargeError
     return operator.pow(a, b)
 
 
 def _guarded_mul(a: Any, b: Any) -> Any:
+    """a * b, unless it builds an int of over _MAX_BITS bits or a sequence of over _MAX_SEQUENCE items."""
+    if _is_int(a) and _is_int(b) and a.bit_length() + b.bit_length() > _MAX_BITS:
+        raise _TooLargeError
     for seq, n in ((a, b), (b, a)):
         if isinstance(seq, (str, bytes, list, tuple)) and isinstance(n, int) and len(seq) * max(n, 0) > _MAX_SEQUENCE:
-            raise _Undecodable("repetition too long to evaluate")
+            raise _TooLargeError
     return operator.mul(a, b)
 
 
+def _guarded_add(a: Any, b: Any) -> Any:
+    """a + b, unless it joins two sequences into one of over _MAX_SEQUENCE items (a chain is quadratic)."""
+    if all(isinstance(x, (str, bytes, list, tuple)) for x in (a, b)) and len(a) + len(b) > _MAX_SEQUENCE:
+        raise _TooLargeError
+    return operator.add(a, b)
+
+
 def _guarded_lshift(a: Any, b: Any) -> Any:
-    if isinstance(b, int) and b > _MAX_POWER:
-        raise _Undecodable("shift too large to evaluate")
+    """a << b, unless it is an int of over _MAX_BITS bits."""
+    if _is_int(a) and _is_int(b) and a and a.bit_length() + b > _MAX_BITS:
+        raise _TooLargeError
     return operator.lshift(a, b)
 
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: _guarded_mul, ast.Div: operator.truediv,
+    ast.Add: _guarded_add, ast.Sub: operator.sub, ast.Mult: _guarded_mul, ast.Div: operator.truediv,
     ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: _guarded_pow, ast.LShift: _guarded_lshift,
     ast.RShift: operator.rshift, ast.BitOr: operator.or_, ast.BitAnd: operator.and_, ast.BitXor: operator.xor,
 }
@@ -523,13 +565,38 @@ def strict_fault(calls: list[Call], answer: list[dict], functions: Sequence[dict
     docs = [_find_doc(functions, next(iter(expected))) for expected in answer]
     faults = [[strict_call_fault(c, expected, doc) for c in calls] for expected, doc in zip(answer, docs)]
     matching = bipartite_matching([[f is None for f in row] for row in faults])
-    for i, j in enumerate(matching):
-        if j is None:
-            if len(answer) == 1:
-                return faults[0][0]
-            unmatched = {k: faults[i][k] for k in range(len(calls)) if k not in matching}
-            return _unmatched_fault(docs[i]["name"], calls, unmatched)
-    return None
+    if None not in matching:
+        return None
+    if len(answer) == 1:
+        return faults[0][0]
+    return _closest_unmatched_fault(calls, answer, docs, faults, matching)
+
+
+def _strict_mismatches(call: Call, expected: dict, doc: dict) -> int:
+    """How far a call is from an expected call of the same function: parameters unexpected, missing
+    (and not omissible) or with a wrong value."""
+    (_, acceptable), = expected.items()
+    properties = doc["parameters"]["properties"]
+    wrong = sum(param not in properties or param not in acceptable
+                or _strict_param_fault(param, value, acceptable[param], properties[param]) is not None
+                for param, value in call.arguments.items())
+    return wrong + sum(param not in call.arguments and "" not in options for param, options in acceptable.items())
+
+
+def _closest_unmatched_fault(calls: list[Call], answer: list[dict], docs: list[dict],
+                             faults: list[list[str | None]], matching: list[int | None]) -> str:
+    """The fault of the first call left out of a maximum matching, against the closest expected call of
+    its function left out too: the call that is actually wrong (comparing the first unmatched expected
+    call with the first unmatched call can blame a right value of another call)."""
+    free = [i for i, j in enumerate(matching) if j is None]
+    taken = set(matching)
+    for k, call in enumerate(calls):
+        rows = [i for i in free if next(iter(answer[i])) == call.name] if k not in taken else []
+        if rows:
+            i = min(rows, key=lambda r: _strict_mismatches(call, answer[r], docs[r]))
+            return f"Call {k + 1} ({call.name}) matches no expected call: {faults[i][k]}"
+    i = free[0]  # no unmatched call is to an unmatched expected call's function
+    return _unmatched_fault(docs[i]["name"], calls, {k: faults[i][k] for k in range(len(calls)) if k not in taken})
 
 
 def strict_relevance_fault(calls: list[Call], functions: Sequence[dict]) -> str | None:

@@ -141,24 +141,59 @@ def _first_nonblank(text: str) -> str:
     return next((ln for ln in text.splitlines() if ln.strip()), "")
 
 
-def _parses(code: str) -> bool:
+MAX_PREFIX_TRIES = 32  # prefixes `_longest_parsing_prefix` parses at most (each parse reads the whole prefix)
+
+
+def _error_line(code: str) -> int | None:
+    """None if `code` parses, else the line of its syntax error (0 when the error has no line)."""
     try:
         ast.parse(code)
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
-        return False
-    return True
+    except SyntaxError as e:
+        return e.lineno or 0
+    except (ValueError, MemoryError, RecursionError):
+        return 0
+    return None
 
 
 def _longest_parsing_prefix(code: str) -> str:
-    """Cut trailing prose: the longest prefix ending before a top-level line that still parses."""
-    if _parses(code):
+    """Cut trailing prose: the longest prefix ending before a top-level line that still parses.
+
+    A prefix that holds the line of a syntax error cannot parse either, so only cuts before the first
+    error line found so far are tried, and at most MAX_PREFIX_TRIES of them: 30,000 prose lines after a
+    `def` took 15 s when every cut was parsed."""
+    bad = _error_line(code)
+    if bad is None:
         return code
-    lines = code.splitlines(keepends=True)
+    lines = code.splitlines(keepends=True)  # also splits at \f, \x1c, \u2028..., which Python does not
+    newlines = [0]  # newlines[i]: how many of Python's lines lines[:i] holds
+    for ln in lines:
+        newlines.append(newlines[-1] + ln.count("\n") + ln.count("\r"))
     cuts = [i for i, ln in enumerate(lines) if i and ln.strip() and not ln[0].isspace()]
+    tries = 0
     for cut in reversed(cuts):
-        if _parses("".join(lines[:cut])):
-            return "".join(lines[:cut])
+        if bad and newlines[cut] >= bad:  # the prefix holds the error line
+            continue
+        if tries == MAX_PREFIX_TRIES:
+            break
+        tries += 1
+        prefix = "".join(lines[:cut])
+        error = _error_line(prefix)
+        if error is None:
+            return prefix
+        if error and (not bad or error < bad):
+            bad = error
     return code
+
+
+def _fenced_blocks(text: str) -> list[tuple[str, str, int]]:
+    """(language, code, 1-based line where the code starts) of every fenced block. Lines are counted on
+    from the previous block (counting from the top for each block took a second on 25,000 fences)."""
+    blocks, line, pos = [], 1, 0
+    for m in _FENCE.finditer(text):
+        line += text.count("\n", pos, m.start(2))
+        pos = m.start(2)
+        blocks.append((m.group(1).lower(), m.group(2), line))
+    return blocks
 
 
 def extract_code(completion: str, entry_point: str) -> Extracted:
@@ -168,7 +203,7 @@ def extract_code(completion: str, entry_point: str) -> Extracted:
     if first[:1] in (" ", "\t") and not first.lstrip().startswith("```"):
         code = re.split(r"^[ \t]*```", text, maxsplit=1, flags=re.M)[0]
         return Extracted(code, _defines(code, entry_point), 1)
-    blocks = [(m.group(1).lower(), m.group(2), text.count("\n", 0, m.start(2)) + 1) for m in _FENCE.finditer(text)]
+    blocks = _fenced_blocks(text)
     if blocks:
         python = [b for b in blocks if b[0] in _PY_LANGS] or blocks
         python = [(lang, _dedent_if_defines(code, entry_point), line) for lang, code, line in python]

@@ -336,6 +336,16 @@ class ToolWorld:
 _TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list, "object": dict}
 
 
+def _show(value: Any, limit: int = 100) -> str:
+    """A value's repr for feedback, clipped to `limit` characters (ToolWorld's own values are shorter), so
+    that a 15,000-character argument gives a one-line sentence; an int too long to print is described."""
+    try:
+        text = repr(value)
+    except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        return "a number too long to show"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def type_error(value: Any, schema: dict, where: str) -> str | None:
     """Why `value` does not fit `schema`, or None. bool is not an integer; int is accepted for number."""
     expected = schema.get("type", "string")
@@ -343,7 +353,7 @@ def type_error(value: Any, schema: dict, where: str) -> str | None:
     if not ok:
         return f"parameter '{where}' should be {expected}, got {type(value).__name__}"
     if "enum" in schema and value not in schema["enum"]:
-        return f"parameter '{where}' must be one of {', '.join(map(str, schema['enum']))}; got {value!r}"
+        return f"parameter '{where}' must be one of {', '.join(map(str, schema['enum']))}; got {_show(value)}"
     if expected == "array":
         for i, item in enumerate(value):
             if err := type_error(item, schema.get("items", {}), f"{where}[{i}]"):
@@ -371,7 +381,7 @@ def values_equal(got: Any, want: Any) -> bool:
     if isinstance(want, bool) or isinstance(got, bool):
         return got is want
     if isinstance(want, (int, float)) and isinstance(got, (int, float)):
-        return abs(got - want) <= 1e-9 * max(1.0, abs(want))
+        return _numbers_close(got, want)
     if isinstance(want, str) and isinstance(got, str):
         return got.strip() == want.strip()
     if isinstance(want, dict) and isinstance(got, dict):
@@ -385,6 +395,15 @@ def values_equal(got: Any, want: Any) -> bool:
             rest.pop(match)
         return not rest
     return False
+
+
+def _numbers_close(got: int | float, want: int | float) -> bool:
+    """Equal within 1e-9 relative. An int beyond float range minus a float raises OverflowError: such
+    an int is then compared exactly (it equals no float)."""
+    try:
+        return abs(got - want) <= 1e-9 * max(1.0, abs(want))
+    except OverflowError:
+        return got == want
 
 
 def check_calls(calls: list[Call], answer: list[dict], tools: list[dict], reward_mode: str = "binary") -> Score:
@@ -410,7 +429,7 @@ def check_calls(calls: list[Call], answer: list[dict], tools: list[dict], reward
             elif values_equal(call.arguments[name], value):
                 right += 1
             else:
-                fault = fault or f"Parameter '{name}' has the wrong value {call.arguments[name]!r}."
+                fault = fault or f"Parameter '{name}' has the wrong value {_show(call.arguments[name])}."
         for name in call.arguments.keys() - wanted_args.keys():
             fault = fault or f"Parameter '{name}' was not asked for."
     if fault is None:
