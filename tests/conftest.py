@@ -35,3 +35,27 @@ def small_overrides(run_dir, **extra) -> list[str]:
     }
     items.update(extra)
     return [f"{k}={v}" for k, v in items.items()]
+
+
+def session_for(overrides=(), env=None, run_dir=None):
+    """A wired training session (`lopd.train.build`) on the tiny policy, seeded; its run directory (where
+    LOPD's bank and Skill-SD's library live) is `run_dir` or a fresh temporary folder."""
+    import tempfile
+
+    from lopd.config import load_config
+    from lopd.train import build
+
+    items = list(overrides) + [f"run.dir={run_dir if run_dir is not None else tempfile.mkdtemp(prefix='lopd-test-')}"]
+    return build(load_config(None, items), env=env)
+
+
+def rollouts(session, tasks, rewards=None):
+    """One batch of real rollouts of `tasks` from the session's policy; `rewards` overrides the env's
+    verdicts (e.g. mixed groups, so advantages are non-zero)."""
+    from lopd.rollout import collect
+
+    batch = collect(session.model, session.tokenizer, session.env, tasks, session.cfg.rollout)
+    if rewards is not None:
+        batch.rewards = torch.tensor(rewards, dtype=torch.float32)[: len(batch)]
+        batch.success = batch.rewards > 0.5
+    return batch

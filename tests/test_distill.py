@@ -10,11 +10,11 @@ import torch
 from lopd.algorithms import build_algorithm
 from lopd.config import load_config
 from lopd.envs.base import Task
-from lopd.models import EMATeacher, FrozenView, LiveTeacher, load_policy
+from lopd.models import load_policy
 from lopd.prompts import encode_prompt, with_context
 from lopd.rollout import RolloutBatch, sample
+from lopd.teacher import EMATeacher, FrozenTeacher, LiveTeacher
 from lopd.tokens import TokenStats, _divergence_chunk, token_divergence
-from lopd.train import teacher_stats
 
 V, H = 30, 6
 
@@ -177,7 +177,7 @@ def test_teacher_logprobs_equal_a_separate_forward_over_context_prompt_completio
                          success=torch.zeros(3, dtype=torch.bool), feedback=[""] * 3)
     contexts = [f"Reference answer: {toolworld.reference(t)}" for t in tasks]
     with torch.no_grad():
-        got = teacher_stats(FrozenView(model), tok, batch, contexts, 1.0).logprobs()
+        got = FrozenTeacher(model, tok).score(batch, contexts).logprobs()
         for i, (task, ctx) in enumerate(zip(tasks, contexts)):
             text = tok.apply_chat_template(with_context(task.messages, ctx), tokenize=False, add_generation_prompt=True)
             prompt = tok(text, add_special_tokens=False)["input_ids"]
@@ -202,7 +202,7 @@ def _student_step(model):
 def test_frozen_teacher_never_changes_and_ema_moves_at_its_rate():
     cfg = load_config(None, [])
     model, _ = load_policy(cfg.model)
-    frozen = FrozenView(model)
+    frozen = FrozenTeacher(model)
     ema = EMATeacher(model, rate=0.25)
     before = copy.deepcopy(frozen.model.state_dict())
     ema_before = {k: v.clone() for k, v in ema.model.state_dict().items()}
@@ -256,60 +256,60 @@ def _hand_batch(toolworld):
                         success=torch.tensor([0, 1, 0, 0, 0, 0], dtype=torch.bool), feedback=feedback)
 
 
-def test_opsd_context_is_the_reference_answer(toolworld):
-    algo = build_algorithm(load_config(None, ["algorithm.name=opsd"]))
-    algo.setup(env=toolworld)
+def _algorithm(name, tiny, toolworld, overrides=(), run=None):
+    model, tok = tiny
+    algo = build_algorithm(load_config(None, [f"algorithm.name={name}", *overrides]))
+    algo.setup(policy=model, tokenizer=tok, env=toolworld, run=run)
+    return algo
+
+
+def test_opsd_context_is_the_reference_answer(toolworld, tiny):
+    algo = _algorithm("opsd", tiny, toolworld)
     batch = _hand_batch(toolworld)
-    ctx = algo.build_context(batch)
+    ctx = algo.build_context(batch, 1)
     assert ctx.texts == [f"Reference answer: {toolworld.reference(t)}" for t in batch.tasks]
 
 
-def test_sdpo_context_feedback_sibling_and_mask(toolworld):
-    algo = build_algorithm(load_config(None, ["algorithm.name=sdpo"]))
-    algo.setup(env=toolworld)
+def test_sdpo_context_feedback_sibling_and_mask(toolworld, tiny):
+    algo = _algorithm("sdpo", tiny, toolworld)
     batch = _hand_batch(toolworld)
-    texts = algo.build_context(batch).texts
+    texts = algo.build_context(batch, 1).texts
     success_call = batch.texts[1]
     assert "Parameter 'date' has the wrong value." in texts[0] and success_call in texts[0] and "bad0" in texts[0]
     assert "Missing parameter 'city'." in texts[2] and success_call in texts[2]
     assert texts[1] is None  # the lone success is not reprompted with itself by default
     assert texts[3:] == [None, None, None]  # a group without success: masked out of distillation
-    algo = build_algorithm(load_config(None, ["algorithm.name=sdpo", "algorithm.sdpo.reprompt_lone_success=true"]))
-    algo.setup(env=toolworld)
-    texts = algo.build_context(batch).texts
+    algo = _algorithm("sdpo", tiny, toolworld, ["algorithm.sdpo.reprompt_lone_success=true"])
+    texts = algo.build_context(batch, 1).texts
     assert texts[1] is not None and success_call in texts[1]
 
 
-def test_skill_sd_learns_skills_from_successes_and_retrieves_them(toolworld, tmp_path):
+def test_skill_sd_learns_skills_from_successes_and_retrieves_them(toolworld, tiny, tmp_path):
     from lopd.runs import RunDir
 
-    algo = build_algorithm(load_config(None, ["algorithm.name=skill_sd"]))
-    model, tok = load_policy(load_config(None, []).model)
-    algo.setup(env=toolworld, tokenizer=tok, run=RunDir(tmp_path), reference=FrozenView(model), teacher=None)
+    algo = _algorithm("skill_sd", tiny, toolworld, run=RunDir(tmp_path))
     batch = _hand_batch(toolworld)
-    assert algo.build_context(batch).texts == [None] * 6  # an empty library gives no context
-    metrics = algo.after_update(batch)
+    ctx = algo.build_context(batch, 1)
+    assert ctx.texts == [None] * 6  # an empty library gives no context
+    metrics = algo.remember(batch, ctx, 1)
     assert metrics["context/skills"] == 1  # one success -> one skill; failures teach nothing
-    texts = algo.build_context(batch).texts
+    texts = algo.build_context(batch, 2).texts
     assert all(t is not None and batch.texts[1] in t for t in texts[:3])
-    algo.after_update(batch)
+    algo.remember(batch, ctx, 2)
     assert algo.library.size == 1  # deduplicated
     # the library persists in the run directory and a resume forgets skills from redone steps
-    again = build_algorithm(load_config(None, ["algorithm.name=skill_sd"]))
-    again.setup(env=toolworld, tokenizer=tok, run=RunDir(tmp_path), reference=FrozenView(model), teacher=None)
+    again = _algorithm("skill_sd", tiny, toolworld, run=RunDir(tmp_path))
     assert again.library.size == 1
-    again.load_state_dict({"step": 0})
+    again.load_state_dict({}, 0)
     assert again.library.size == 0
 
 
 def test_self_distillation_masks_trajectories_without_context(toolworld, tiny):
-    model, tok = tiny
-    algo = build_algorithm(load_config(None, ["algorithm.name=sdpo"]))
-    algo.setup(env=toolworld)
+    algo = _algorithm("sdpo", tiny, toolworld)
     s, t = _pair(B=6, T=3)
     batch = _hand_batch(toolworld)
-    ctx = algo.build_context(batch)
-    loss, metrics = algo.loss(batch, ctx, s, t)
+    ctx = algo.build_context(batch, 1)
+    loss, metrics = algo.distill_loss(batch, ctx, s, t)
     per = token_divergence(s, t, "full")
     keep = torch.tensor([c is not None for c in ctx.texts], dtype=torch.float64)[:, None]
     assert loss.item() == pytest.approx(((per * keep).sum() / (keep.sum() * 3)).item())
@@ -320,3 +320,27 @@ def test_task_type_is_frozen_dataclass():
     t = Task("x", ({"role": "user", "content": "hi"},), None)
     with pytest.raises(Exception):
         t.id = "y"
+
+
+def test_the_hybrid_policy_gradient_reaches_the_student(toolworld):
+    """distill.coef = 0, pg_weight = 1: a self-distillation method's update is exactly GRPO's (a no-grad
+    log-prob cached for a metric once hid the policy gradient from the student)."""
+    from conftest import rollouts, session_for
+    from lopd.models import trainable_parameters
+    from lopd.train import update
+
+    common = ["rollout.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=32"]
+    grpo = session_for(["algorithm.name=grpo", *common], env=toolworld)
+    hybrid = session_for(["algorithm.name=opsd", "algorithm.distill.coef=0.0", "algorithm.distill.pg_weight=1.0",
+                          *common], env=toolworld)
+    batch = rollouts(grpo, list(toolworld.tasks("train")[:2]), [1.0, 0.0, 0.0, 1.0] * 2)
+    after = []
+    for s in (grpo, hybrid):
+        s.optimizer = torch.optim.SGD(trainable_parameters(s.model), lr=1.0)
+        s.scheduler = torch.optim.lr_scheduler.LambdaLR(s.optimizer, lambda step: 1.0)
+        before = [p.detach().clone() for p in s.model.parameters()]
+        update(s.model, s.algorithm, s.optimizer, s.scheduler, batch, s.algorithm.build_context(batch, 1), s.cfg)
+        after.append([p.detach() - b for p, b in zip(s.model.parameters(), before)])
+    assert any(d.abs().max() > 0 for d in after[1])
+    for a, b in zip(*after):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=0)

@@ -5,7 +5,7 @@ import torch
 
 from lopd.prompts import encode_prompt
 from lopd.rollout import left_pad, sample
-from lopd.tokens import TokenStats, full_reverse_kl, score_completions
+from lopd.tokens import Latents, TokenStats, full_reverse_kl, score_completions
 
 
 @pytest.fixture(scope="module")
@@ -57,20 +57,28 @@ def test_sampler_logprobs_equal_training_forward(tiny, prompts, temperature):
     assert (lp - s.sampler_logprobs)[m].abs().max() < 1e-4
 
 
-def test_prefix_embeds_align_with_the_same_tokens_in_the_prompt(tiny, prompts):
-    """Teacher position t predicts the same token as student position t whatever is put in front."""
+@pytest.mark.parametrize("where", ["front", "middle"])
+def test_spliced_latents_equal_the_same_tokens_in_the_prompt(tiny, prompts, where):
+    """Slots spliced into the prompt (in front of it, or before its column `at`) are read exactly as the
+    same token embeddings written into the prompt; absent slots are invisible (no attention, no position)."""
     model, tok = tiny
     s = sample(model, tok, prompts[:3], temperature=0, max_new_tokens=20)
     context = tok("Reference answer: something", add_special_tokens=False)["input_ids"]
+    K = len(context) + 3  # three absent slots after the context
+    real = [p[m.bool()].tolist() for p, m in zip(s.prompt_ids, s.prompt_mask)]
+    cut = [0 if where == "front" else len(r) // 2 for r in real]  # where the slots go in each prompt
     with torch.no_grad():
-        embeds = model.get_input_embeddings()(torch.tensor(context)).unsqueeze(0).expand(3, -1, -1)
-        via_prefix = score_completions(model, s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask,
-                                       prefix_embeds=embeds).logprobs()
-        # the same tokens in front of each (unpadded) prompt, re-padded
-        joined = [context + p[m.bool()].tolist() for p, m in zip(s.prompt_ids, s.prompt_mask)]
+        embeds = model.get_input_embeddings()(torch.tensor(context))  # [C, H]
+        values = torch.cat([embeds, torch.randn(3, embeds.shape[1])]).unsqueeze(0).expand(3, -1, -1)  # [3, K, H]
+        present = (torch.arange(K) < len(context)).unsqueeze(0).expand(3, -1)
+        pad = (s.prompt_mask == 0).sum(-1)
+        latents = Latents(values, present, pad + torch.tensor(cut))
+        spliced = score_completions(model, s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask,
+                                    latents=latents).logprobs()
+        joined = [r[:c] + context + r[c:] for r, c in zip(real, cut)]  # the same tokens in the prompt, re-padded
         ids, mask = left_pad(joined, tok.pad_token_id)
         via_ids = score_completions(model, ids, mask, s.completion_ids, s.completion_mask).logprobs()
-    torch.testing.assert_close(via_prefix, via_ids, atol=1e-4, rtol=0)
+    torch.testing.assert_close(spliced, via_ids, atol=1e-5, rtol=0)
 
 
 def _stats(hidden, head, targets, mask, chunk):

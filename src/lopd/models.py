@@ -1,4 +1,4 @@
-"""Load a policy backbone and its tokenizer; LoRA; the frozen view used as reference or teacher.
+"""Load a policy backbone and its tokenizer; LoRA; save and load trained weights (teachers: `lopd.teacher`).
 
 Names `load_policy` understands:
   tiny           the bundled ToolWorld policy (a few-million-parameter Llama, trained by
@@ -11,15 +11,12 @@ Nothing downloads: a name that is none of these is an error that says so.
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import importlib.resources
 import importlib.util
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from torch import nn
@@ -134,148 +131,6 @@ def save_random_backbone(folder: str | Path, architecture: str = "qwen3", *, hid
 
 def is_lora(model: nn.Module) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
-
-
-class FrozenView:
-    """The backbone's initial weights, never trained: the GRPO reference and the default self-teacher.
-
-    For a LoRA student this is the same module with its adapter disabled (no second copy in memory);
-    for a full fine-tune, a frozen copy taken at construction. Gradients never reach these weights,
-    but a caller may still differentiate with respect to the inputs (the LOPD latent prefix).
-    """
-
-    trained = False  # its weights never move, so checkpoints need not hold them
-
-    def __init__(self, model: nn.Module):
-        self._shared = is_lora(model)
-        if self._shared:
-            self.model = model
-        else:
-            self.model = copy.deepcopy(model)
-            self.model.requires_grad_(False)
-            self.model.eval()
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[nn.Module]:
-        if self._shared:
-            with self.model.disable_adapter():
-                yield self.model
-        else:
-            yield self.model
-
-    def after_step(self) -> None:
-        pass
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-
-class EMATeacher:
-    """An exponential moving average of the student: theta_T <- (1 - rate) theta_T + rate theta.
-
-    Full fine-tune: a frozen copy whose weights are lerped after every optimizer step. LoRA: a second
-    adapter ("ema") on the same base weights, switched in for the teacher's forward, so the backward
-    pass (to a latent prefix) sees the EMA tensors too.
-    """
-
-    trained = True
-    ADAPTER = "ema"
-
-    def __init__(self, policy: nn.Module, rate: float):
-        self.policy, self.rate, self._lora = policy, rate, is_lora(policy)
-        if self._lora:
-            policy.add_adapter(self.ADAPTER, policy.peft_config[policy.active_adapter])
-            self._sync_pairs(copy_now=True)
-        else:
-            self.model = copy.deepcopy(policy)
-            self.model.requires_grad_(False)
-            self.model.eval()
-
-    def _pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(ema tensor, student tensor) for every trained weight."""
-        if not self._lora:
-            student = dict(self.policy.named_parameters())
-            return [(p, student[n]) for n, p in self.model.named_parameters()]
-        active = self.policy.active_adapter
-        named = dict(self.policy.named_parameters())
-        return [(named[n], named[n.replace(f".{self.ADAPTER}.", f".{active}.")])
-                for n in named if f".{self.ADAPTER}." in n]
-
-    def _sync_pairs(self, copy_now: bool) -> None:
-        for ema, student in self._pairs():
-            ema.requires_grad_(False)
-            if copy_now:
-                ema.data.copy_(student.data)
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[nn.Module]:
-        if not self._lora:
-            yield self.model
-            return
-        student_adapter = self.policy.active_adapter
-        self.policy.set_adapter(self.ADAPTER)
-        self._sync_pairs(copy_now=False)  # set_adapter marks the active adapter trainable: undo it
-        try:
-            yield self.policy
-        finally:
-            self.policy.set_adapter(student_adapter)
-
-    @torch.no_grad()
-    def after_step(self) -> None:
-        for ema, student in self._pairs():
-            ema.lerp_(student.to(ema.dtype), self.rate)
-
-    def state_dict(self) -> dict:
-        return {f"{i}": ema.detach().clone() for i, (ema, _) in enumerate(self._pairs())}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state:
-            for i, (ema, _) in enumerate(self._pairs()):
-                ema.data.copy_(state[f"{i}"])
-
-
-class LiveTeacher:
-    """The student's current weights, detached: no gradient reaches them through the teacher."""
-
-    trained = False
-
-    def __init__(self, policy: nn.Module):
-        self.policy = policy
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[nn.Module]:
-        trained = [p for p in self.policy.parameters() if p.requires_grad]
-        for p in trained:  # autograd records requires_grad at forward time: these stay out of the graph
-            p.requires_grad_(False)
-        try:
-            yield self.policy
-        finally:
-            for p in trained:
-                p.requires_grad_(True)
-
-    def after_step(self) -> None:
-        pass
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-
-def make_teacher(policy: nn.Module, kind: str, ema_rate: float, frozen: FrozenView | None):
-    """The self-teacher's weights: 'frozen' (initial; shares the reference), 'ema' or 'live'."""
-    kind = getattr(kind, "value", kind)
-    if kind == "frozen":
-        return frozen if frozen is not None else FrozenView(policy)
-    if kind == "ema":
-        return EMATeacher(policy, ema_rate)
-    if kind == "live":
-        return LiveTeacher(policy)
-    raise ValueError(f"teacher weights '{kind}' are not one of frozen, ema, live")
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:

@@ -29,16 +29,13 @@ import torch
 from torch import Tensor, nn
 
 from lopd.config import LatentPosition, TeacherWeights
+from lopd.models import is_lora
 from lopd.prompts import PLACEHOLDER, context_span, encode_prompt
 from lopd.rollout import left_pad
 from lopd.tokens import Latents, TokenStats, score_completions
 
 if TYPE_CHECKING:
     from lopd.rollout import RolloutBatch
-
-
-def is_lora(model: nn.Module) -> bool:
-    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
 
 
 @dataclass

@@ -112,7 +112,10 @@ class TokenStats:
 
     def logprobs(self) -> Tensor:
         """log p(y_t | prefix) of the completion tokens.   [B, T], 0 where mask is 0."""
-        if self._logprobs is None:
+        # a value cached without a graph (under no_grad) must not stand in for one that needs a gradient
+        stale = self._logprobs is not None and not self._logprobs.requires_grad and torch.is_grad_enabled() \
+            and self.hidden.requires_grad
+        if self._logprobs is None or stale:
             parts = []
             T = self.hidden.shape[1]
             for start in range(0, T, self.chunk):
