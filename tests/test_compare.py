@@ -48,7 +48,7 @@ def test_grid_end_to_end_resume_and_report_equals_metrics(grid_file, tmp_path):
     assert len(all_cells) == 4
     # a half-finished grid: one run already complete, before the CLI ever runs
     from lopd.compare import run_config
-    from lopd.train import train
+    from lopd.loop import train
 
     train(run_config(grid, all_cells[0]), quiet=True)
     done_mtime = (all_cells[0].path / "metrics.jsonl").stat().st_mtime
@@ -103,7 +103,7 @@ def test_stat_intervals_and_verdicts():
 
 
 def test_eval_table_stacks_disjoint_category_splits_with_a_row_weighted_summary():
-    from lopd.evaluate import EvalResult, category_table
+    from lopd.evaluation import EvalResult, category_table
 
     a = EvalResult("cat_a", 2, 0.5, 0.5, {"cat_a": (2, 0.5)}, modes={"official": 0.5, "strict": 0.0},
                    per_category_modes={"official": {"cat_a": 0.5}, "strict": {"cat_a": 0.0}})

@@ -2,7 +2,7 @@
 
 import pytest
 
-from lopd.config import LopdConfig, describe, load_config, to_yaml
+from lopd.config import Config, describe, load_config, to_yaml
 from lopd.errors import ConfigError
 
 
@@ -10,10 +10,10 @@ def test_defaults_yaml_and_overrides_compose(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("train:\n  max_rollouts: 100\nmodel:\n  lora:\n    r: 4\n")
     cfg = load_config(path, ["train.max_rollouts=256", "model.lora.enabled=true", "algorithm.aggregation=sequence"])
-    assert isinstance(cfg, LopdConfig)
+    assert isinstance(cfg, Config)
     assert cfg.train.max_rollouts == 256 and cfg.model.lora.r == 4 and cfg.model.lora.enabled
     assert cfg.algorithm.aggregation.value == "sequence"
-    assert cfg.rollout.group_size == LopdConfig().rollout.group_size
+    assert cfg.rollout.group_size == Config().rollout.group_size
 
 
 def test_resolved_config_roundtrips(tmp_path):

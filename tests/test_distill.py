@@ -327,7 +327,7 @@ def test_the_hybrid_policy_gradient_reaches_the_student(toolworld):
     log-prob cached for a metric once hid the policy gradient from the student)."""
     from conftest import rollouts, session_for
     from lopd.models import trainable_parameters
-    from lopd.train import update
+    from lopd.loop import update
 
     common = ["rollout.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=32"]
     grpo = session_for(["algorithm.name=grpo", *common], env=toolworld)

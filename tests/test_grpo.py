@@ -7,7 +7,7 @@ import torch
 
 from conftest import rollouts, session_for
 from lopd.models import trainable_parameters
-from lopd.train import update
+from lopd.loop import update
 
 
 def _session(toolworld, overrides, lora: bool):

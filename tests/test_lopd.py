@@ -13,7 +13,7 @@ from lopd.cli import config_path
 from lopd.config import load_config
 from lopd.runs import RunDir
 from lopd.tokens import TokenStats
-from lopd.train import train, update
+from lopd.loop import train, update
 
 BASE = ["rollout.tasks_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=40"]
 

@@ -6,7 +6,7 @@ from safetensors.torch import load_file
 
 from lopd.config import load_config
 from lopd.runs import RunDir
-from lopd.train import train
+from lopd.loop import train
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from conftest import small_overrides
 from lopd.config import load_config
 from lopd.runs import RunDir
-from lopd.train import train
+from lopd.loop import train
 
 LOPD = [sys.executable, "-m", "lopd.cli"]
 

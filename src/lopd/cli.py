@@ -19,25 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-from lopd.config import LopdConfig, describe, load_config
+from lopd.config import CONFIG_DIR, Config, config_path, describe, load_config
 from lopd.errors import ConfigError, LopdError
-
-CONFIG_DIR = Path(__file__).parent / "configs"
-
-
-def config_path(name: str | None) -> Path | None:
-    """A config file path, or the name of a bundled one ('grpo' -> lopd/configs/grpo.yaml)."""
-    if name is None:
-        return None
-    path = Path(name)
-    if path.is_file() or path.suffix in (".yaml", ".yml"):
-        return path
-    bundled = CONFIG_DIR / f"{name}.yaml"
-    if bundled.is_file():
-        return bundled
-    choices = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
-    raise ConfigError(f"--config: '{name}' is neither a file nor a bundled config ({choices})")
-
 
 def split_args(items: list[str]) -> tuple[str | None, list[str]]:
     """Positional arguments: at most one run directory, then key=value overrides."""
@@ -48,7 +31,7 @@ def split_args(items: list[str]) -> tuple[str | None, list[str]]:
     return (run_dirs[0] if run_dirs else None), [i for i in items if "=" in i]
 
 
-def resolve_train_config(config: str | None, positional: list[str]) -> LopdConfig:
+def resolve_train_config(config: str | None, positional: list[str]) -> Config:
     from lopd.runs import RunDir
 
     run_dir, overrides = split_args(positional)
@@ -60,7 +43,7 @@ def resolve_train_config(config: str | None, positional: list[str]) -> LopdConfi
             raise ConfigError("give either a run directory to resume or --config to start, not both")
         return load_config(run.config_path, overrides + [f"run.dir={run_dir}"])
     cfg = load_config(config_path(config), overrides)
-    from lopd.train import run_dir_for
+    from lopd.loop import run_dir_for
 
     run = RunDir(run_dir_for(cfg))
     if run.exists():  # the run exists: resume it under its own saved config, new overrides on top
@@ -69,7 +52,7 @@ def resolve_train_config(config: str | None, positional: list[str]) -> LopdConfi
 
 
 def cmd_train(args) -> int:
-    from lopd.train import train
+    from lopd.loop import train
 
     cfg = resolve_train_config(args.config, args.args)
     path = train(cfg)
@@ -78,54 +61,45 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    import torch
-
-    from lopd.envs import build_env
-    from lopd.evaluate import category_table, evaluate
-    from lopd.models import load_policy, load_weights
-    from lopd.runs import RunDir
-    from lopd.train import pick_device
+    from lopd.evaluation import category_table, evaluate_model
 
     args.overrides += [s for s in args.split or [] if "=" in s]  # argparse's nargs="+" swallows them
     args.split = [s for s in args.split or [] if "=" not in s]
-    if args.env:  # --env NAME or NAME:SPLIT
-        name, _, split = args.env.partition(":")
+    if args.env:  # --env NAME or NAME:SPLIT (a plugin's path also has a colon: module:Class[:SPLIT])
+        name, split = args.env, ""
+        if args.env.count(":") == 2 or args.env.split(":")[0] in _bundled_envs():
+            name, _, split = args.env.rpartition(":") if args.env.count(":") == 2 else args.env.partition(":")
         args.overrides.append(f"env.name={name}")
         if split:
             args.split = args.split or [split]
         elif not args.split and name != "toolworld":
             args.split = ["test"]
-    run = None
     if args.run:
-        run = RunDir(args.run)
-        if not run.exists():
-            raise ConfigError(f"{args.run}: not a run directory (no config.yaml)")
-        cfg = load_config(run.config_path, args.overrides)
+        source = args.run
+        overrides = args.overrides
     else:
-        cfg = load_config(config_path(args.config), args.overrides + ([f"model.name={args.model}"] if args.model else []))
-    device = pick_device(cfg.train.device)
-    model, tokenizer = load_policy(cfg.model, device)
-    checkpoint = "initial weights"
-    if run is not None and (ckpt := run.latest_checkpoint()) is not None:
-        load_weights(model, ckpt / "model")
-        checkpoint = str(ckpt)
-    env = build_env(cfg.env)
-    splits = args.split or list(cfg.env.eval_splits)
-    torch.manual_seed(cfg.train.seed)
-    results = [evaluate(model, tokenizer, env, s, max_tasks=cfg.eval.max_tasks, temperature=cfg.eval.temperature,
-                        max_new_tokens=cfg.rollout.max_new_tokens, batch_size=cfg.eval.batch_size, seed=cfg.train.seed)
-               for s in splits]
-    print(f"model: {cfg.model.name} ({checkpoint}); env: {cfg.env.name}; decoding: "
+        source = load_config(config_path(args.config), args.overrides + ([f"model.name={args.model}"] if args.model else []))
+        overrides = []
+    results = evaluate_model(source, splits=args.split or None, overrides=overrides)
+    cfg = results[0].config
+    print(f"model: {cfg.model.name} ({results[0].checkpoint}); env: {cfg.env.name}; decoding: "
           f"{'greedy' if cfg.eval.temperature <= 0 else f'temperature {cfg.eval.temperature}'}")
     print(category_table(results))
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "model": cfg.model.name, "checkpoint": checkpoint, "env": cfg.env.name, "max_tasks": cfg.eval.max_tasks,
-            "max_new_tokens": cfg.rollout.max_new_tokens, "temperature": cfg.eval.temperature,
+            "model": cfg.model.name, "checkpoint": results[0].checkpoint, "env": cfg.env.name,
+            "max_tasks": cfg.eval.max_tasks, "max_new_tokens": cfg.rollout.max_new_tokens,
+            "temperature": cfg.eval.temperature,
             "splits": {r.split: {"n": r.n, "success": r.success, "reward": r.reward, "modes": r.modes,
                                  "per_category": r.per_category, "per_category_modes": r.per_category_modes}
                        for r in results}}, indent=1))
     return 0
+
+
+def _bundled_envs() -> list[str]:
+    from lopd.envs import ENVS
+
+    return list(ENVS)
 
 
 def cmd_compare(args) -> int:
@@ -216,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="evaluate a run's latest checkpoint or any model on held-out splits",
                        description="Evaluate the student alone (no context) on an env's splits; prints a "
-                                   "per-category table of success (%%).",
+                                   "per-category table of success (in %).",
                        epilog="config keys (key, default, meaning):\n" + keys,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group()

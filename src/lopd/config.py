@@ -105,7 +105,9 @@ class ModelConfig:
 
 @dataclass
 class EnvConfig:
-    name: str = _help("task environment", "toolworld")
+    name: str = _help("a bundled env (toolworld, toolworld_episodes, acebench, acebench_agent, bfcl, humaneval) or "
+                      "your own: 'package.module:ClassOrFactory' or 'path/file.py:ClassOrFactory'", "toolworld")
+    options: dict[str, Any] = _help("keyword arguments for your own env's class or factory", factory=dict)
     train_split: str = _help("split the policy trains on", "train")
     eval_splits: list[str] = _help("held-out splits evaluated during training", factory=lambda: ["test", "transfer"])
     toolworld: ToolWorldConfig = field(default_factory=ToolWorldConfig)
@@ -251,7 +253,7 @@ class RunConfig:
 
 
 @dataclass
-class LopdConfig:
+class Config:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -304,13 +306,44 @@ def _explain(e: OmegaConfBaseException, source: str, yaml_path: Path | None = No
     if yaml_path is not None and key and (line := _yaml_line(yaml_path, key)):
         where = f"{yaml_path}:{line}"
     if isinstance(e, ConfigKeyError) or "not in" in str(e):
-        parent, valid = _valid_keys(LopdConfig, key.split(".")[:-1])
+        parent, valid = _valid_keys(Config, key.split(".")[:-1])
         return ConfigError(f"{where}: unknown config key '{key}'; valid keys under "
                            f"'{parent or '<root>'}': {', '.join(valid)}")
     message = str(e).splitlines()[0]
     if isinstance(e, ValidationError):
         return ConfigError(f"{where}: bad value for '{key}': {message}")
     return ConfigError(f"{where}: {message}" + (f" (key '{key}')" if key else ""))
+
+
+def _field_type(cls: type, dotted: list[str]) -> Any:
+    """The declared type of a dotted key under dataclass `cls` (None if there is no such key)."""
+    import typing
+
+    for i, part in enumerate(dotted):
+        hints = typing.get_type_hints(cls) if is_dataclass(cls) else {}
+        if part not in hints:
+            return None
+        cls = hints[part]
+    return cls
+
+
+def _is_list(t: Any) -> bool:
+    import typing
+
+    return t is list or typing.get_origin(t) is list
+
+
+def _listify(data: Any, cls: type = None, prefix: tuple = ()) -> Any:
+    """A scalar given for a list-valued key becomes a one-element list (`env.eval_splits: test`)."""
+    cls = cls or Config
+    if isinstance(data, dict):
+        out = {}
+        for k, v in data.items():
+            t = _field_type(cls, [*prefix, str(k)])
+            out[k] = [v] if _is_list(t) and not isinstance(v, (list, tuple, dict)) and v is not None else \
+                _listify(v, cls, (*prefix, str(k))) if isinstance(v, dict) and is_dataclass(t) else v
+        return out
+    return data
 
 
 def _merge_file(cfg, path: Path, seen: tuple) -> DictConfig:
@@ -331,20 +364,41 @@ def _merge_file(cfg, path: Path, seen: tuple) -> DictConfig:
     for inc in [includes] if isinstance(includes, str) else includes:
         cfg = _merge_file(cfg, path.parent / inc, seen + (path.resolve(),))
     try:
-        return OmegaConf.merge(cfg, OmegaConf.create(data))
+        return OmegaConf.merge(cfg, OmegaConf.create(_listify(data)))
     except OmegaConfBaseException as e:
         raise _explain(e, str(path), path) from None
 
 
-def load_config(path: str | Path | list | None = None, overrides: list[str] | None = None) -> LopdConfig:
-    """Defaults <- YAML file(s) (each after its includes, in order) <- dotted overrides, type-checked."""
-    cfg = OmegaConf.structured(LopdConfig)
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+def config_path(name: str | Path | None) -> Path | None:
+    """A config file path, or the name of a bundled one ('grpo' -> lopd/configs/grpo.yaml)."""
+    if name is None:
+        return None
+    path = Path(name)
+    if path.is_file() or path.suffix in (".yaml", ".yml"):
+        return path
+    bundled = CONFIG_DIR / f"{name}.yaml"
+    if bundled.is_file():
+        return bundled
+    choices = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+    raise ConfigError(f"--config: '{name}' is neither a file nor a bundled config ({choices})")
+
+
+def load_config(path: str | Path | list | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults <- YAML file(s) (each after its includes, in order) <- dotted overrides, type-checked.
+    A path may also name a bundled config ('lopd', 'grpo', ...)."""
+    cfg = OmegaConf.structured(Config)
     for p in path if isinstance(path, list) else [path]:
         if p is not None:
-            cfg = _merge_file(cfg, Path(p), seen=())
+            cfg = _merge_file(cfg, config_path(p), seen=())
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"command line: override '{item}' is not of the form key=value")
+        key, _, value = item.partition("=")
+        if _is_list(_field_type(Config, key.split("."))) and not value.strip().startswith("["):
+            item = f"{key}=[{value}]"  # env.eval_splits=test means [test]
         try:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
         except OmegaConfBaseException as e:
@@ -355,11 +409,25 @@ def load_config(path: str | Path | list | None = None, overrides: list[str] | No
         raise _explain(e, "config") from None
 
 
-def to_yaml(cfg: LopdConfig) -> str:
+def with_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """`cfg` with dotted overrides applied (type-checked like `load_config`'s)."""
+    base = OmegaConf.structured(cfg)
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if _is_list(_field_type(Config, key.split("."))) and not value.strip().startswith("["):
+            item = f"{key}=[{value}]"
+        try:
+            base = OmegaConf.merge(base, OmegaConf.from_dotlist([item]))
+        except OmegaConfBaseException as e:
+            raise _explain(e, f"override '{item}'") from None
+    return OmegaConf.to_object(base)  # type: ignore[return-value]
+
+
+def to_yaml(cfg: Config) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
-def to_dict(cfg: LopdConfig) -> dict:
+def to_dict(cfg: Config) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)  # type: ignore[return-value]
 
 
@@ -384,7 +452,7 @@ def _comment_help(cls: type) -> dict[str, str]:
     return out
 
 
-def describe(cls: type = LopdConfig, prefix: str = "") -> list[tuple[str, str, str]]:
+def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
     """(dotted key, default, help) for every leaf: what `lopd train --help` lists."""
     import typing
 

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from lopd.config import LopdConfig
+    from lopd.config import Config
     from lopd.rollout import RolloutBatch
     from lopd.tokens import TokenStats
 
@@ -68,7 +68,7 @@ class Algorithm:
 
     name: str = ""
 
-    def __init__(self, cfg: "LopdConfig"):
+    def __init__(self, cfg: "Config"):
         self.cfg = cfg
         self.env = None
 

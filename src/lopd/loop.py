@@ -35,10 +35,10 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from lopd.algorithms import Algorithm, Context, build_algorithm
-from lopd.config import Aggregation, LopdConfig, to_yaml
+from lopd.config import Aggregation, Config, to_yaml
 from lopd.envs import Env, Task, build_env
 from lopd.errors import ConfigError
-from lopd.evaluate import evaluate
+from lopd.evaluation import evaluate
 from lopd.models import load_policy, trainable_parameters
 from lopd.rollout import RolloutBatch, collect
 from lopd.runs import RunDir, seed_everything
@@ -69,7 +69,7 @@ class Timer:
         self.seconds[f"time/{phase}"] = self.seconds.get(f"time/{phase}", 0.0) + time.perf_counter() - start
 
 
-def run_dir_for(cfg: LopdConfig) -> Path:
+def run_dir_for(cfg: Config) -> Path:
     return Path(cfg.run.dir or f"runs/{cfg.algorithm.name}_{cfg.env.name.replace(':', '_').replace('.', '_')}"
                                f"_seed{cfg.train.seed}")
 
@@ -91,7 +91,7 @@ def tasks_for_step(tasks: Sequence[Task], step: int, per_step: int, seed: int) -
 
 
 def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatch, ctx: Context,
-           cfg: LopdConfig) -> dict[str, float]:
+           cfg: Config) -> dict[str, float]:
     """(extra + epochs) x minibatches optimizer steps over one rollout batch, with gradient accumulation."""
     t, temp = cfg.train, cfg.rollout.temperature
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -126,14 +126,14 @@ def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatc
     return sums
 
 
-def _weight(batch: RolloutBatch, cfg: LopdConfig) -> float:
+def _weight(batch: RolloutBatch, cfg: Config) -> float:
     """A micro-batch's share of its minibatch under the configured aggregation (tokens or sequences)."""
     if Aggregation(cfg.algorithm.aggregation) is Aggregation.token:
         return float(batch.completion_mask.sum())
     return float(len(batch))
 
 
-def batch_metrics(batch: RolloutBatch, cfg: LopdConfig) -> dict[str, float]:
+def batch_metrics(batch: RolloutBatch, cfg: Config) -> dict[str, float]:
     g = cfg.rollout.group_size
     success = batch.success.float().view(-1, g)  # [tasks, G]
     rewards = batch.rewards.view(-1, g)
@@ -154,7 +154,7 @@ def batch_metrics(batch: RolloutBatch, cfg: LopdConfig) -> dict[str, float]:
 class Session:
     """Everything a run needs, wired together: what `build` returns and `fit` runs."""
 
-    cfg: LopdConfig
+    cfg: Config
     run: RunDir
     device: torch.device
     env: Env
@@ -167,7 +167,7 @@ class Session:
     total_steps: int
 
 
-def build(cfg: LopdConfig, env: Env | None = None) -> Session:
+def build(cfg: Config, env: Env | None = None) -> Session:
     """Wire a run: env, policy, algorithm (with its teachers), optimizer. Writes nothing to disk, so a
     config that fails here leaves no run directory behind. `env`: an Env object instead of `cfg.env`."""
     if cfg.train.threads:
@@ -179,10 +179,13 @@ def build(cfg: LopdConfig, env: Env | None = None) -> Session:
                           f"(rollout.tasks_per_step x rollout.group_size = {per_step})")
     device = pick_device(cfg.train.device)
     seed_everything(cfg.train.seed)
-    env = env if env is not None else build_env(cfg.env)
-    train_tasks = env.tasks(cfg.env.train_split)
-    for split in cfg.env.eval_splits:
-        env.tasks(split)  # fail now, not after an hour, on a bad split name or data file
+    if env is not None:
+        record_env(cfg, env)
+    else:
+        env = build_env(cfg.env)
+    train_tasks = env_tasks(env, cfg.env.train_split, "env.train_split")
+    for split in cfg.env.eval_splits:  # fail now, not after an hour, on a bad split name or data file
+        env_tasks(env, split, "env.eval_splits")
     model, tokenizer = load_policy(cfg.model, device)
     run = RunDir(run_dir_for(cfg))
     algorithm = build_algorithm(cfg)
@@ -193,6 +196,33 @@ def build(cfg: LopdConfig, env: Env | None = None) -> Session:
     warmup = max(1, cfg.optim.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
     return Session(cfg, run, device, env, train_tasks, model, tokenizer, algorithm, optimizer, scheduler, total_steps)
+
+
+def env_tasks(env: Env, split: str, key: str) -> Sequence[Task]:
+    """`env.tasks(split)`, non-empty; any failure becomes one line naming the config key and the env."""
+    from lopd.errors import LopdError
+
+    try:
+        tasks = env.tasks(split)
+    except LopdError:
+        raise
+    except Exception as e:
+        known = f" (its splits: {', '.join(env.splits())})" if callable(getattr(env, "splits", None)) else ""
+        raise ConfigError(f"{key}: {type(env).__name__}.tasks('{split}') raised {type(e).__name__}: {e}{known}") from None
+    if not tasks:
+        raise ConfigError(f"{key}: {type(env).__name__} has no tasks in split '{split}'")
+    return tasks
+
+
+def record_env(cfg: Config, env: Env) -> None:
+    """An env object given to `train(cfg, env=...)`: its class's import path goes into the config (so the
+    run directory resumes with `lopd train RUN_DIR`), unless it is a bundled env or from `__main__`."""
+    from lopd.envs import check_env
+
+    check_env(env, type(env).__name__)
+    module = type(env).__module__
+    if ":" not in cfg.env.name and not module.startswith("lopd.") and module != "__main__":
+        cfg.env.name = f"{module}:{type(env).__qualname__}"
 
 
 def restore(session: Session) -> RunState:
@@ -210,7 +240,7 @@ def restore(session: Session) -> RunState:
     return state
 
 
-def train(cfg: LopdConfig, *, env: Env | None = None, stop_after: int | None = None, quiet: bool = False) -> Path:
+def train(cfg: Config, *, env: Env | None = None, stop_after: int | None = None, quiet: bool = False) -> Path:
     """Run (or resume) training; returns the run directory. `stop_after` ends this process after that
     many steps without a final checkpoint, as a crash would (tests use it)."""
     session = build(cfg, env)
@@ -306,7 +336,7 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
     return run.path
 
 
-def _tensorboard(run: RunDir, cfg: LopdConfig, purge_step: int | None):
+def _tensorboard(run: RunDir, cfg: Config, purge_step: int | None):
     if not cfg.run.tensorboard:
         return None
     from torch.utils.tensorboard import SummaryWriter
@@ -317,7 +347,7 @@ def _tensorboard(run: RunDir, cfg: LopdConfig, purge_step: int | None):
 class _Progress:
     """A rich progress bar: rollouts spent against the budget, train reward, latest held-out success."""
 
-    def __init__(self, cfg: LopdConfig, total_steps: int, disabled: bool):
+    def __init__(self, cfg: Config, total_steps: int, disabled: bool):
         self.cfg, self.total, self.disabled, self.bar = cfg, total_steps, disabled, None
         self.budget = total_steps * cfg.rollout.tasks_per_step * cfg.rollout.group_size
         self.fields = {"reward": "-", "held_out": "-"}

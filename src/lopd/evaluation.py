@@ -1,5 +1,9 @@
 """Held-out evaluation: the student alone (no retrieval, no context) on an env's split.
 
+    evaluate(model, tokenizer, env, split)          one split of one env, for a loaded model
+    evaluate_model(run_dir_or_cfg, splits=[...])    the public `lopd.evaluate`: a run's latest checkpoint
+                                                    (or a config's model) on its env's splits
+
 Greedy decoding by default, so an evaluation is a deterministic function of the weights; with a
 temperature > 0 it samples under its own seeded RNG and never disturbs the training RNG stream.
 """
@@ -8,6 +12,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -25,6 +31,8 @@ class EvalResult:
     samples: list[dict] = field(default_factory=list)  # evaluated tasks with their completion and verdict
     modes: dict[str, float] = field(default_factory=dict)  # scoring mode -> success (envs with official/strict)
     per_category_modes: dict[str, dict[str, float]] = field(default_factory=dict)  # mode -> category -> success
+    checkpoint: str = ""  # which weights (set by evaluate_model)
+    config: object = field(default=None, repr=False)  # the Config evaluated under (set by evaluate_model)
 
     def metrics(self) -> dict[str, float]:
         out = {f"eval/{self.split}/success": self.success, f"eval/{self.split}/reward": self.reward}
@@ -66,6 +74,46 @@ def evaluate(model, tokenizer, env: Env, split: str, *, max_tasks: int = 0, temp
         modes=modes, per_category_modes=per_mode,
         samples=[{"id": t.id, "completion": text, "success": ok, "feedback": fb, "reference": env.reference(t)}
                  for t, text, ok, fb in kept])
+
+
+def evaluate_model(source, *, env: Env | None = None, splits: Sequence[str] | None = None,
+                   overrides: Sequence[str] = ()) -> list[EvalResult]:
+    """Evaluate a run directory's latest checkpoint (or, given a config, its model's initial weights) on
+    `splits` (default: the config's `env.eval_splits`) of `env` (default: the config's env). Returns one
+    `EvalResult` per split; `EvalResult.checkpoint` says which weights were evaluated."""
+    from lopd.config import Config, load_config, with_overrides
+    from lopd.envs import build_env
+    from lopd.errors import ConfigError
+    from lopd.loop import env_tasks, pick_device, record_env
+    from lopd.models import load_policy, load_weights
+    from lopd.runs import RunDir
+
+    run = None
+    if isinstance(source, Config):
+        cfg = with_overrides(source, list(overrides))
+    else:
+        run = RunDir(source)
+        if not run.exists():
+            raise ConfigError(f"{source}: not a run directory (no config.yaml)")
+        cfg = load_config(run.config_path, list(overrides))
+    if env is not None:
+        record_env(cfg, env)
+    else:
+        env = build_env(cfg.env)
+    splits = list(splits or cfg.env.eval_splits)
+    for split in splits:
+        env_tasks(env, split, "splits")
+    model, tokenizer = load_policy(cfg.model, pick_device(cfg.train.device))
+    checkpoint = "initial weights"
+    if run is not None and (ckpt := run.latest_checkpoint()) is not None:
+        load_weights(model, ckpt / "model")
+        checkpoint = str(ckpt)
+    results = [evaluate(model, tokenizer, env, s, max_tasks=cfg.eval.max_tasks, temperature=cfg.eval.temperature,
+                        max_new_tokens=cfg.rollout.max_new_tokens, batch_size=cfg.eval.batch_size, seed=cfg.train.seed,
+                        max_turns=cfg.rollout.max_turns) for s in splits]
+    for r in results:
+        r.checkpoint, r.config = checkpoint, cfg
+    return results
 
 
 def category_table(results: list[EvalResult]) -> str:
