@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/acebench_overall.py --model tiny
     .venv/bin/python benchmarks/acebench_overall.py --model smollm2-135m --max-turns 20
 
-1. Evaluates the model (`lopd.models.load_policy`, `lopd.evaluate.evaluate`, greedy) on `agent_multi_step`
+1. Evaluates the model (`lopd.models.load_policy`, `lopd.evaluation.evaluate`, greedy) on `agent_multi_step`
    with the `acebench_agent` env: multi-turn episodes against the simulated phone, up to `--max-turns`
    replies each (ACEBench allows 20), every episode scored by its end state in both modes, with ACEBench's
    process accuracy beside it. A reply without a call ends the episode; with `--nudge` it is answered "do not
@@ -32,7 +32,7 @@ import torch
 from lopd.config import ModelConfig
 from lopd.envs.acebench import AGENT, NORMAL, SPECIAL, ACEBenchConfig, leaderboard_summary
 from lopd.envs.acebench_agent import CATEGORY, MODES, ACEBenchAgent, assistant_replies
-from lopd.evaluate import evaluate
+from lopd.evaluation import evaluate
 from lopd.models import load_policy
 
 HERE = Path(__file__).resolve().parent

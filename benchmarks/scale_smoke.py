@@ -39,11 +39,10 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="extra key=value config overrides")
     args = ap.parse_args()
 
-    from lopd.cli import config_path
-    from lopd.config import load_config
+    from lopd.config import config_path, load_config
+    from lopd.loop import train
     from lopd.models import save_random_backbone
     from lopd.runs import RunDir
-    from lopd.train import train
 
     work = Path(args.work or tempfile.mkdtemp(prefix="lopd-scale-"))
     hidden, layers, heads, kv, inter, vocab = SHAPES[args.shape]
