@@ -99,7 +99,7 @@ def test_stat_intervals_and_verdicts():
     assert s.low == pytest.approx(0.6 - half) and s.high == pytest.approx(0.6 + half)
     assert compare_stats(stat([0.9, 0.91, 0.92]), stat([0.1, 0.11, 0.12])) == "higher"
     assert compare_stats(stat([0.5, 0.6, 0.7]), stat([0.55, 0.65, 0.6])) == "no clear difference"
-    assert compare_stats(stat([0.5]), stat([0.1])) == "too few seeds"
+    assert compare_stats(stat([0.5]), stat([0.1])) is None and stat([0.31]).fmt() == "31.0 (1 seed)"
 
 
 def test_eval_table_stacks_disjoint_category_splits_with_a_row_weighted_summary():

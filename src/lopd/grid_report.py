@@ -35,6 +35,8 @@ class Stat:
     def fmt(self, scale: float = 100.0, digits: int = 1) -> str:
         if self.n == 0:
             return "-"
+        if self.n == 1:
+            return f"{scale * self.mean:.{digits}f} (1 seed)"
         return f"{scale * self.mean:.{digits}f} ± {scale * self.std:.{digits}f}"
 
 
@@ -54,9 +56,10 @@ def stat(values: list[float]) -> Stat:
     return Stat(n, mean, std, mean - half, mean + half)
 
 
-def compare_stats(a: Stat, b: Stat) -> str:
+def compare_stats(a: Stat, b: Stat) -> str | None:
+    """higher / lower / no clear difference, by non-overlapping 95% CIs; None with fewer than 2 seeds."""
     if a.n < 2 or b.n < 2:
-        return "too few seeds"
+        return None
     if a.low > b.high:
         return "higher"
     if a.high < b.low:

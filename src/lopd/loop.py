@@ -35,7 +35,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from lopd.algorithms import Algorithm, Context, build_algorithm
-from lopd.config import Aggregation, Config, to_yaml
+from lopd.config import Aggregation, AlgorithmName, Config, to_yaml
 from lopd.envs import Env, Task, build_env
 from lopd.errors import ConfigError
 from lopd.evaluation import evaluate
@@ -70,7 +70,8 @@ class Timer:
 
 
 def run_dir_for(cfg: Config) -> Path:
-    return Path(cfg.run.dir or f"runs/{cfg.algorithm.name}_{cfg.env.name.replace(':', '_').replace('.', '_')}"
+    return Path(cfg.run.dir or f"runs/{AlgorithmName(cfg.algorithm.name).value}_"
+                               f"{cfg.env.name.replace(':', '_').replace('.', '_').replace('/', '_')}"
                                f"_seed{cfg.train.seed}")
 
 
@@ -363,7 +364,7 @@ class _Progress:
                             TextColumn("rollouts  reward {task.fields[reward]}  held-out {task.fields[held_out]}"),
                             TimeElapsedColumn(), TimeRemainingColumn())
         self.bar.start()
-        self.task = self.bar.add_task(self.cfg.algorithm.name, total=self.budget, completed=state.rollouts, **self.fields)
+        self.task = self.bar.add_task(AlgorithmName(self.cfg.algorithm.name).value, total=self.budget, completed=state.rollouts, **self.fields)
 
     def _absorb(self, row: dict) -> None:
         if "reward/mean" in row:

@@ -5,6 +5,8 @@ Shapes: B trajectories, T completion positions. `mask` is 1 on tokens the loss t
 
 from __future__ import annotations
 
+import enum
+
 import torch
 from torch import Tensor
 
@@ -33,7 +35,7 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str = "token") -> Tensor:
     sequence: mean over each sequence's tokens, then mean over sequences (each sequence weighs the same)
     """
     mask = mask.to(per_token.dtype)
-    mode = getattr(mode, "value", mode)
+    mode = mode.value if isinstance(mode, enum.Enum) else mode
     if mode == "token":
         return (per_token * mask).sum() / mask.sum().clamp(min=1)
     if mode == "sequence":
@@ -69,7 +71,7 @@ def kl_sampled(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k2") ->
     Use k2 to optimise reverse KL, k3 to report it.
     """
     d = logprobs - ref_logprobs
-    estimator = getattr(estimator, "value", estimator)
+    estimator = estimator.value if isinstance(estimator, enum.Enum) else estimator
     if estimator == "k1":
         return d
     if estimator == "k2":

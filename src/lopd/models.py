@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lopd.errors import ModelNotFound
+from lopd.errors import ConfigError, ModelNotFound
 
 BUNDLED = ("tiny", "smollm2-135m")
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -91,13 +91,20 @@ def load_policy(cfg, device: torch.device | str = "cpu"):
     from transformers import AutoModelForCausalLM
 
     folder = resolve_model(cfg.name)
-    dtype = getattr(torch, getattr(cfg.dtype, "value", cfg.dtype))
+    from lopd.config import DType
+
+    dtype = getattr(torch, DType(cfg.dtype).value)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device)
     model.generation_config.pad_token_id = None  # we pass ids and masks ourselves
     tokenizer = load_tokenizer(folder)
     if cfg.lora.enabled:
         from peft import LoraConfig, get_peft_model
 
+        linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
+        unknown = [t for t in cfg.lora.target_modules if t not in linear]
+        if unknown or not cfg.lora.target_modules:
+            raise ConfigError(f"model.lora.target_modules: {unknown or '[]'} name no linear layer of {cfg.name}; "
+                              f"its linear layers: {', '.join(linear)}")
         lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                           target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
         model = get_peft_model(model, lora)

@@ -34,7 +34,15 @@ def success_table(metrics: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _fitted(values: list[float], floor: float = 0.0) -> tuple[float, float]:
+    """A y range around the data with a little room, so a gain of a few points is visible."""
+    lo, hi = min(values), max(values)
+    pad = max(2.0, 0.15 * (hi - lo))
+    return max(floor, lo - pad), hi + pad
+
+
 def plot_curves(metrics: list[dict], path: Path, title: str = "") -> None:
+    """Four panels: held-out success, training-batch success, the loss terms, seconds per phase."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -42,24 +50,44 @@ def plot_curves(metrics: list[dict], path: Path, title: str = "") -> None:
 
     rows = eval_rows(metrics)
     train = [r for r in metrics if "reward/success" in r]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4), constrained_layout=True)
+    ax1, ax2, ax3, ax4 = axes
+    seen: list[float] = []
     for split in eval_splits(rows):
         pts = [(r["rollouts"], 100 * r[f"eval/{split}/success"]) for r in rows if f"eval/{split}/success" in r]
         ax1.plot(*zip(*pts), marker="o", label=split)
-    ax1.set(xlabel="rollouts (sampled trajectories)", ylabel="held-out success (%)", title="Held-out success (greedy)",
-            ylim=(0, 100))
-    ax1.grid(alpha=0.3)
-    ax1.legend()
+        seen += [y for _, y in pts]
+    ax1.set(xlabel="rollouts (sampled trajectories)", ylabel="held-out success (%)", title="Held-out success (greedy)")
+    if seen:
+        ax1.set_ylim(*_fitted(seen))
+        ax1.legend()
     if train:
-        ax2.plot([r["rollouts"] for r in train], [100 * r["reward/success"] for r in train], alpha=0.8,
-                 label="train batch success")
-        ax2.set(xlabel="rollouts (sampled trajectories)", ylabel="success of sampled rollouts (%)",
-                title="Training rollouts", ylim=(0, 100))
-        ax2.grid(alpha=0.3)
+        xs = [r["rollouts"] for r in train]
+        ys = [100 * r["reward/success"] for r in train]
+        ax2.plot(xs, ys, alpha=0.8, label="train batch success")
+        ax2.set_ylim(*_fitted(ys))
         ax2.legend()
+        for key in sorted({k for r in train for k in r if k.startswith("loss/") and k != "loss/clip_frac"}):
+            pts = [(r["rollouts"], r[key]) for r in train if key in r]
+            ax3.plot(*zip(*pts), label=key.removeprefix("loss/"))
+        if ax3.lines:
+            ax3.legend(fontsize=8)
+        phases = sorted({k for r in train for k in r if k.startswith("time/")})
+        bottom = [0.0] * len(train)
+        for key in phases:
+            vals = [r.get(key, 0.0) for r in train]
+            ax4.bar(range(1, len(train) + 1), vals, bottom=bottom, label=key.removeprefix("time/"))
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        if phases:
+            ax4.legend(fontsize=8)
+    ax2.set(xlabel="rollouts (sampled trajectories)", ylabel="success of sampled rollouts (%)", title="Training rollouts")
+    ax3.set(xlabel="rollouts (sampled trajectories)", ylabel="loss", title="Loss terms")
+    ax4.set(xlabel="step", ylabel="seconds", title="Time per step, by phase")
+    for ax in axes:
+        ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 

@@ -16,6 +16,7 @@ checkpointing), since its weight gradient depends on the per-token weights that 
 
 from __future__ import annotations
 
+import enum
 import functools
 import math
 from dataclasses import dataclass, field
@@ -231,7 +232,7 @@ def token_divergence(student: TokenStats, teacher: TokenStats, estimator: str = 
     vocabulary estimators run chunk by chunk (see the module doc for the gradient path), so peak memory
     holds one [B, chunk, V] block per model, never [B, T, V].
     """
-    estimator = getattr(estimator, "value", estimator)
+    estimator = estimator.value if isinstance(estimator, enum.Enum) else estimator
     if estimator == "sampled":
         lp, lq = student.logprobs(), teacher.logprobs()  # [B, T]
         gap = (lp - lq).detach()

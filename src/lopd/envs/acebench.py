@@ -42,7 +42,7 @@ from typing import Any, Mapping, Sequence
 from lopd.envs.acebench_checker import (
     PHRASES, answer_candidates, call_name, official_normal, official_special, strict_normal, strict_special,
 )
-from lopd.envs.base import DataError, Score, Task, check_mode_and_fraction, hash_split, read_jsonl, require_keys
+from lopd.envs.base import DataError, ScoringMode, Score, Task, check_mode_and_fraction, hash_split, read_jsonl, require_keys
 from lopd.envs.calls import Call
 from lopd.errors import ConfigError
 
@@ -114,7 +114,7 @@ OFFICIAL_GROUND_TRUTH_FAILS: dict[str, str] = {
 @dataclass
 class ACEBenchConfig:
     data_dir: str = ""  # "" = <repo>/../shared/data/acebench/en, searched from the package and from cwd
-    mode: str = "strict"  # official: the released evaluator's verdict; strict: exact values (training reward)
+    mode: ScoringMode = ScoringMode.strict  # official: the released evaluator's verdict; strict: exact values (training reward)
     train_fraction: float = 0.5  # share of each category's rows (conversations) in `train`
     seed: int = 0  # seeds the train/test split
 
@@ -368,7 +368,7 @@ class ACEBench:
 
     def __init__(self, config: ACEBenchConfig | None = None):
         self.config = config or ACEBenchConfig()
-        check_mode_and_fraction("acebench", self.config.mode, MODES, self.config.train_fraction)
+        self.mode = check_mode_and_fraction("acebench", self.config.mode, MODES, self.config.train_fraction)
         self._data_dir: Path | None = None
         self._categories: dict[str, list[Task]] = {}
 
@@ -406,7 +406,7 @@ class ACEBench:
         return [t for t in tasks if (t.id in train) == (split == "train")]
 
     def score(self, task: Task, completion: str) -> Score:
-        return verdict(task, completion, self.config.mode)
+        return verdict(task, completion, self.mode)
 
     def score_modes(self, task: Task, completion: str) -> dict[str, Score]:
         return {mode: verdict(task, completion, mode) for mode in MODES}

@@ -69,7 +69,7 @@ from typing import Any, Sequence
 
 from lopd.envs.acebench import ACEBenchConfig, load_category, resolve_data_dir
 from lopd.envs.acebench_scenarios import CLASSES, Phone, jsonable
-from lopd.envs.base import DataError, Score, Task, check_mode_and_fraction, hash_split
+from lopd.envs.base import DataError, ScoringMode, Score, Task, check_mode_and_fraction, hash_split
 from lopd.envs.calls import Call, ParseFailure, parse_calls
 from lopd.errors import ConfigError
 
@@ -377,7 +377,7 @@ class ACEBenchAgent:
     def __init__(self, config: ACEBenchConfig | None = None, nudge: bool = False):
         self.config = config or ACEBenchConfig()
         self.nudge = nudge  # answer a reply without calls with NUDGE instead of ending the episode (ACEBench's loop)
-        check_mode_and_fraction("acebench", self.config.mode, MODES, self.config.train_fraction)
+        self.mode = check_mode_and_fraction("acebench", self.config.mode, MODES, self.config.train_fraction)
         self._data_dir: Path | None = None
         self._tasks: list[Task] | None = None
 
@@ -461,7 +461,7 @@ class ACEBenchAgent:
         return Score(0.0, False, f"The end state differs ({mode}): {diffs[0]}{more}; {process}.")
 
     def score_episode(self, task: Task, history: Sequence[dict]) -> Score:
-        return self.verdict(task, history, self.config.mode)
+        return self.verdict(task, history, self.mode)
 
     def score_modes(self, task: Task, episode: str | Sequence[dict]) -> dict[str, Score]:
         """Both verdicts of an episode's messages (or of one reply given as a string)."""
@@ -470,7 +470,7 @@ class ACEBenchAgent:
 
     def score(self, task: Task, completion: str) -> Score:
         """One reply taken as the whole episode (its calls run in order, then the end state is compared)."""
-        return self._score(task, play(task, [completion], self.nudge), self.config.mode)
+        return self._score(task, play(task, [completion], self.nudge), self.mode)
 
     def report(self, task: Task, history: Sequence[dict]) -> dict:
         """One episode's figures: end-state verdicts in both modes, both process scores, what was called."""

@@ -12,6 +12,7 @@ train/test split (`hash_split`), config checks, and two pieces of call checking 
 from __future__ import annotations
 
 import ast
+import enum
 import hashlib
 import json
 import math
@@ -125,12 +126,20 @@ def hash_split(ids: Iterable[str], seed: int, fraction: float, *, salt: str,
     return train
 
 
-def check_mode_and_fraction(env: str, mode: str, modes: Sequence[str], train_fraction: float) -> None:
-    """ConfigError unless `mode` is one of `modes` and 0 <= `train_fraction` <= 1 (keys `env.<env>.*`)."""
+class ScoringMode(str, enum.Enum):
+    official = "official"  # the benchmark's released evaluator's verdict, quirks included
+    strict = "strict"  # exact values after documented normalisation (the training reward)
+
+
+def check_mode_and_fraction(env: str, mode: str, modes: Sequence[str], train_fraction: float) -> str:
+    """The mode as a plain string, if it is one of `modes` and 0 <= `train_fraction` <= 1; ConfigError naming
+    the key `env.<env>.*` otherwise."""
+    mode = mode.value if isinstance(mode, enum.Enum) else mode
     if mode not in modes:
         raise ConfigError(f"env.{env}.mode: '{mode}' is not one of {', '.join(modes)}")
     if not 0.0 <= train_fraction <= 1.0:
         raise ConfigError(f"env.{env}.train_fraction: {train_fraction} is not between 0 and 1")
+    return mode
 
 
 def dotted_name(node: ast.expr) -> str:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable, Sequence
 
-from lopd.envs.base import DataError, Score, Task, check_mode_and_fraction, hash_split, read_jsonl
+from lopd.envs.base import DataError, ScoringMode, Score, Task, check_mode_and_fraction, hash_split, read_jsonl
 from lopd.envs.bfcl_checker import _find_doc, _fits, score_official, score_strict
 from lopd.envs.bfcl_checker import decode_official, decode_strict, standardise  # noqa: F401  (re-exported)
 from lopd.errors import ConfigError
@@ -59,7 +59,7 @@ SPLITS = ("all", "train", "test")
 @dataclass
 class BFCLConfig:
     categories: list[str] = field(default_factory=lambda: list(CATEGORIES))  # the categories `all` and train/test draw from
-    mode: str = "strict"  # official: BFCL's released checker's verdict; strict: that and exact values
+    mode: ScoringMode = ScoringMode.strict  # official: BFCL's released checker's verdict; strict: that and exact values
     train_fraction: float = 0.5  # share of every category that goes to `train`, the rest to `test`
     seed: int = 0  # of the train/test split
 
@@ -304,7 +304,7 @@ class BFCL:
     def __init__(self, config: BFCLConfig | None = None):
         self.config = config or BFCLConfig()
         c = self.config
-        check_mode_and_fraction("bfcl", c.mode, MODES, c.train_fraction)
+        self.mode = check_mode_and_fraction("bfcl", c.mode, MODES, c.train_fraction)
         self.categories: list[str] = []
         for name in c.categories:
             category = canonical_category(name)
@@ -338,7 +338,7 @@ class BFCL:
         return self._train_ids
 
     def score(self, task: Task, completion: str) -> Score:
-        return self.score_modes(task, completion)[self.config.mode]
+        return self.score_modes(task, completion)[self.mode]
 
     def score_modes(self, task: Task, completion: str) -> dict[str, Score]:
         official = score_official(task, completion)

@@ -18,6 +18,7 @@ example, to teach the bundled tiny policy the call format without teaching it an
 
 from __future__ import annotations
 
+import enum
 import json
 import random
 from dataclasses import dataclass
@@ -36,6 +37,11 @@ SPLITS = ("train", "val", "test", "transfer")
 REWARD_MODES = ("binary", "partial")
 
 
+class RewardMode(str, enum.Enum):
+    binary = "binary"  # 1 if the call is right, else 0
+    partial = "partial"  # the fraction of right arguments
+
+
 @dataclass
 class ToolWorldConfig:
     seed: int = 0  # generates tools, conventions and requests
@@ -45,7 +51,7 @@ class ToolWorldConfig:
     n_transfer: int = 200  # requests to unseen tools, in `transfer`
     hidden_per_tool: int = 2  # at most this many parameters per tool leave their convention undocumented
     distractors: int = 1  # other tools shown next to the right one
-    reward: str = "binary"  # binary: 1 if the call is right; partial: fraction of right arguments
+    reward: RewardMode = RewardMode.binary  # binary: 1 if the call is right; partial: fraction of right arguments
     data_dir: str | None = None  # read {train,test,transfer}.jsonl from here instead of generating
 
 
@@ -248,8 +254,10 @@ class ToolWorld:
 
     def __init__(self, config: ToolWorldConfig | None = None):
         self.config = config or ToolWorldConfig()
-        if self.config.reward not in REWARD_MODES:
-            raise ConfigError(f"env.toolworld.reward: '{self.config.reward}' is not one of {', '.join(REWARD_MODES)}")
+        reward = self.config.reward.value if isinstance(self.config.reward, enum.Enum) else self.config.reward
+        if reward not in REWARD_MODES:
+            raise ConfigError(f"env.toolworld.reward: '{reward}' is not one of {', '.join(REWARD_MODES)}")
+        self.reward_mode = reward
         self._splits: dict[str, list[Task]] = {}
 
     def splits(self) -> Sequence[str]:
@@ -328,7 +336,7 @@ class ToolWorld:
         calls = parse_calls(completion)
         if isinstance(calls, ParseFailure):
             return Score(0.0, False, f"Unparseable output: {calls.reason}.")
-        return check_calls(calls, task.answer, task.meta["tools"], self.config.reward)
+        return check_calls(calls, task.answer, task.meta["tools"], self.reward_mode)
 
 
 # -------------------------------------------------------------------------------- checker

@@ -74,9 +74,10 @@ class BackboneEmbedder:
         return np.concatenate(out) if out else np.zeros((0, self.dim), dtype=np.float32)
 
 
-def build_embedder(kind: str, path: str = "", frozen=None, tokenizer=None) -> Embedder:
-    if kind == "minilm":
+def build_embedder(kind, path: str = "", frozen=None, tokenizer=None) -> Embedder:
+    """`algorithm.retrieval.embedder`: 'minilm' or 'backbone' (an `EmbedderKind`)."""
+    from lopd.config import EmbedderKind
+
+    if EmbedderKind(kind) is EmbedderKind.minilm:
         return SentenceEmbedder(path)
-    if kind == "backbone":
-        return BackboneEmbedder(frozen, tokenizer)
-    raise ValueError(f"algorithm.retrieval.embedder: '{kind}' is not one of minilm, backbone")
+    return BackboneEmbedder(frozen, tokenizer)

@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from lopd.config import Eviction
+from lopd.config import Eviction, choice
 
 
 @dataclass
@@ -49,15 +49,18 @@ class Retrieved:
 
 class ExperienceBank:
     def __init__(self, dim: int, folder: str | Path | None = None, capacity: int = 0,
-                 eviction: Eviction | str = Eviction.fifo):
-        self.dim, self.capacity, self.eviction = dim, capacity, Eviction(eviction)
+                 eviction: Eviction | str = Eviction.fifo, readonly: bool = False):
+        """`readonly`: load `folder` as it is (a live run's bank, for inspection) and never write to it."""
+        self.readonly = readonly
+        self.dim, self.capacity, self.eviction = dim, capacity, choice(Eviction, eviction, "algorithm.lopd.eviction")
         self.entries: list[Experience] = []
         self.keys = np.zeros((0, dim), dtype=np.float32)
         self.alive = np.zeros(0, dtype=bool)
         self._reindex()
         self.folder = Path(folder) if folder is not None else None
         if self.folder is not None:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            if not readonly:
+                self.folder.mkdir(parents=True, exist_ok=True)
             self._load()
 
     def _reindex(self) -> None:
@@ -82,7 +85,7 @@ class ExperienceBank:
         if self._entries_path.is_file():
             raw = self._entries_path.read_bytes()
             complete = raw[: raw.rfind(b"\n") + 1]  # a torn last line (no newline) is the entry in flight
-            if len(complete) != len(raw):
+            if len(complete) != len(raw) and not self.readonly:
                 with open(self._entries_path, "r+b") as f:
                     f.truncate(len(complete))
             for line in complete.decode("utf-8").splitlines():
@@ -107,6 +110,9 @@ class ExperienceBank:
         for i in evicted:
             if i < n:
                 self.alive[i] = False
+        if self.readonly:
+            self._reindex()
+            return
         if self._keys_path.is_file() and self._keys_path.stat().st_size != n * self.dim * 4:
             with open(self._keys_path, "r+b") as f:  # keys written for a line that never landed
                 f.truncate(n * self.dim * 4)
@@ -140,6 +146,8 @@ class ExperienceBank:
 
     def add(self, experiences: Sequence[Experience], keys: np.ndarray) -> list[int]:
         """Append entries with their unit keys [N, dim]; evicts beyond capacity. Returns the new ids."""
+        if self.readonly:
+            raise RuntimeError(f"{self.folder}: a read-only bank takes no entries")
         keys = np.asarray(keys, dtype=np.float32).reshape(-1, self.dim)
         assert len(keys) == len(experiences)
         start = len(self.entries)
@@ -206,8 +214,10 @@ class ExperienceBank:
 
     def search(self, queries: np.ndarray, k: int, *, exclude_ids: Sequence[Sequence[int]] | None = None,
                exclude_groups: Sequence[str] | None = None, successes_only: bool = True,
-               min_similarity: float = -1.0) -> Retrieved:
-        """Top-k entries by cosine similarity for each query key [Q, dim]."""
+               min_similarity: float = -1.0, distinct: bool = False) -> Retrieved:
+        """Top-k entries by cosine similarity for each query key [Q, dim]. `distinct`: never two entries with
+        the same (task text, trajectory): a group's identical successes share their task's key, and would
+        otherwise fill the k places with one experience."""
         queries = np.asarray(queries, dtype=np.float32).reshape(-1, self.dim)
         Q = len(queries)
         if Q == 0 or self.size == 0 or k <= 0:
@@ -221,10 +231,19 @@ class ExperienceBank:
         for q, ids in enumerate(exclude_ids or []):
             if len(ids):
                 sims[q, list(ids)] = -torch.inf
-        top = torch.topk(sims, min(k, sims.shape[1]), dim=1)
+        top = torch.topk(sims, min(k * 16 if distinct else k, sims.shape[1]), dim=1)
         index, similarity = [], []
         for vals, idx in zip(top.values.tolist(), top.indices.tolist()):
-            keep = [(i, v) for i, v in zip(idx, vals) if v > -np.inf and v >= min_similarity]
+            keep, seen = [], set()
+            for i, v in zip(idx, vals):
+                if v == -np.inf or v < min_similarity or len(keep) == k:
+                    break
+                if distinct:
+                    what = (self.entries[i].task_text, self.entries[i].trajectory)
+                    if what in seen:
+                        continue
+                    seen.add(what)
+                keep.append((i, v))
             index.append([i for i, _ in keep])
             similarity.append([v for _, v in keep])
         return Retrieved(index, similarity)

@@ -60,7 +60,8 @@ class ExperienceMemory:
         texts = [task_text(batch.tasks[first[g]]) for g in order]
         found = self.bank.search(self._encode_unique(texts), self.cfg.retrieve_k, exclude_groups=order,
                                  exclude_ids=[[i for i, gg in zip(own_ids, groups) if gg == g and i >= 0] for g in order],
-                                 successes_only=not self.cfg.retrieve_failures, min_similarity=self.cfg.min_similarity)
+                                 successes_only=not self.cfg.retrieve_failures, min_similarity=self.cfg.min_similarity,
+                                 distinct=self.cfg.distinct_experiences)
         row = {g: j for j, g in enumerate(order)}
         return Retrieved([found.index[row[g]] for g in groups], [found.similarity[row[g]] for g in groups])
 
