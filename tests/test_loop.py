@@ -135,3 +135,18 @@ def test_help_lists_commands_and_config_keys():
     assert out.returncode == 0 and all(c in out.stdout for c in ["train", "eval", "demo"])
     out = _run(["train", "--help"])
     assert "train.max_rollouts" in out.stdout and "rollout budget" in out.stdout
+
+
+def test_tensorboard_after_a_resume_keeps_every_point_once(tmp_path):
+    """Scalars are logged by rollouts and a resume purges from the checkpoint's rollouts on, so the redone
+    step replaces its first try and nothing before the resume is hidden."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = load_config(None, small_overrides(tmp_path / "run"))
+    train(cfg, stop_after=3, quiet=True)  # checkpoint at step 2 (16 rollouts); step 3 (24) redone
+    train(cfg, quiet=True)
+    events = EventAccumulator(str(tmp_path / "run" / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward/mean")] == [8, 16, 24, 32]
+    assert [e.step for e in events.Scalars("eval/test/success")] == [0, 16, 32]
+    assert (tmp_path / "run" / "resumes.log").read_text().count("resumed from step_000002") == 1

@@ -151,7 +151,7 @@ def test_both_gradient_paths_match_autograd_over_materialised_logits(heads, quan
     if quantity == "logprobs":  # the reference: plain autograd over the whole [B, T, V] at once
         ref = s._chunk_logprobs(s.hidden, s.targets) + t._chunk_logprobs(t.hidden, t.targets)
     else:
-        ref = _divergence_chunk(s.head, t.head, 1.0, quantity, 4, 0.3, s.hidden, t.hidden)
+        ref = _divergence_chunk(s.head, t.head, 1.0, 1.0, quantity, 4, 0.3, torch.float32, s.hidden, t.hidden)
     torch.testing.assert_close(got, ref, atol=1e-12, rtol=0)
     inputs = [s.hidden, t.hidden] + ([s.head.weight, t.head.weight] if heads == "trained" else [])
     for a, b in zip(torch.autograd.grad((w * got).sum(), inputs), torch.autograd.grad((w * ref).sum(), inputs)):
@@ -228,3 +228,127 @@ def test_full_reverse_kl_matches_float64_reference():
     torch.testing.assert_close(kl, ref, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(g, g_ref, atol=1e-10, rtol=1e-10)
     assert (kl >= 0).all()
+
+
+# ----------------------------------------------------------------------------- hostile inputs
+
+
+def _reference(s_logits, t_logits, estimator, alpha=1.0, topk=4):
+    """The divergence computed another way: float64 over the vocabulary with the tokens that are impossible
+    for both models (-inf logits) dropped from it, terms with p = 0 dropped explicitly (0 log 0 = 0)."""
+    possible = ~((s_logits == -math.inf) & (t_logits == -math.inf)).flatten(0, -2).all(0)  # [V]
+    s_logits, t_logits = s_logits[..., possible], t_logits[..., possible]
+    ls, lt = torch.log_softmax(s_logits, -1), torch.log_softmax(t_logits, -1)
+    def kl(la, lb):
+        terms = torch.zeros_like(la)
+        keep = la > -math.inf
+        terms[keep] = la[keep].exp() * (la[keep] - lb[keep])
+        return terms.sum(-1)
+    if estimator == "full":
+        return kl(ls, lt)
+    if estimator == "jsd":  # the family's ends are the two KLs (as the estimator defines them)
+        if alpha == 0:
+            return kl(lt, ls)
+        lm = torch.log(alpha * lt.exp() + (1 - alpha) * ls.exp())
+        return alpha * kl(lt, lm) + (1 - alpha) * kl(ls, lm)
+    idx = ls.topk(topk, -1).indices
+    out = kl(ls.gather(-1, idx), lt.gather(-1, idx))
+    rest = torch.ones_like(ls, dtype=torch.bool).scatter(-1, idx, False)
+    return out + kl(ls.masked_fill(~rest, -math.inf).logsumexp(-1, keepdim=True),
+                    lt.masked_fill(~rest, -math.inf).logsumexp(-1, keepdim=True))
+
+
+def _biased_pair(bias_value=-math.inf, B=2, T=3, seed=4):
+    """Student and teacher heads with a -inf bias on a third of the vocabulary (a masked vocabulary)."""
+    g = torch.Generator().manual_seed(seed)
+    heads = []
+    for _ in range(2):
+        head = torch.nn.Linear(H, V, bias=True).double()
+        with torch.no_grad():
+            head.weight.copy_(torch.randn(V, H, generator=g, dtype=torch.float64))
+            head.bias.zero_()
+            head.bias[::3] = bias_value
+        heads.append(head)
+    s_h = torch.randn(B, T, H, generator=g, dtype=torch.float64, requires_grad=True)
+    t_h = torch.randn(B, T, H, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.ones(B, T, dtype=torch.long)  # token 1 is never masked
+    mask = torch.ones(B, T, dtype=torch.float64)
+    return (TokenStats(s_h, heads[0], targets, mask, 1.0, chunk=2), TokenStats(t_h, heads[1], targets, mask, 1.0, chunk=2))
+
+
+@pytest.mark.parametrize("estimator, alpha", [("full", 1.0), ("jsd", 0.0), ("jsd", 0.4), ("topk", 1.0)])
+def test_minus_inf_logits_give_the_exact_finite_value_and_gradient(estimator, alpha):
+    s, t = _biased_pair()
+    got = token_divergence(s, t, estimator, alpha=alpha, topk=4)
+    ref = _reference(s.head(s.hidden), t.head(t.hidden), estimator, alpha)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, ref, atol=1e-10, rtol=0)
+    gs, gt = torch.autograd.grad(got.sum(), [s.hidden, t.hidden])
+    rs, rt = torch.autograd.grad(ref.sum(), [s.hidden, t.hidden])
+    assert torch.isfinite(gs).all() and torch.isfinite(gt).all()
+    torch.testing.assert_close(gs, rs, atol=1e-10, rtol=0)
+    torch.testing.assert_close(gt, rt, atol=1e-10, rtol=0)
+
+
+def test_a_non_finite_value_at_a_masked_position_does_not_reach_the_loss():
+    from lopd.losses import aggregate
+
+    s, t = _biased_pair(bias_value=0.0)
+    with torch.no_grad():
+        s.hidden[0, 2] = math.inf  # garbage where nothing is trained (a padded position)
+    s.mask[0, 2] = 0
+    for estimator in ("full", "sampled"):
+        per = token_divergence(s, t.detached(), estimator)
+        loss = aggregate(per, s.mask)
+        (grad,) = torch.autograd.grad(loss, s.hidden)
+        assert torch.isfinite(loss) and torch.isfinite(grad).all() and grad[0, 2].abs().max() == 0
+        clean = _reference(s.head(s.hidden), t.head(t.hidden), "full")[s.mask.bool()].mean()
+        if estimator == "full":
+            assert loss.item() == pytest.approx(clean.item(), abs=1e-12)
+
+
+def test_each_side_reads_its_own_temperature():
+    s, t = _biased_pair(bias_value=0.0)
+    s.temperature, t.temperature = 0.7, 1.3
+    got = token_divergence(s, t, "full")
+    ref = _reference(s.head(s.hidden) / 0.7, t.head(t.hidden) / 1.3, "full")
+    torch.testing.assert_close(got, ref, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("alpha", [-0.1, 1.5])
+def test_alpha_outside_zero_one_is_an_error(alpha):
+    s, t = _biased_pair(bias_value=0.0)
+    with pytest.raises(ValueError, match="alpha"):
+        token_divergence(s, t, "jsd", alpha=alpha)
+    from lopd.config import load_config
+    from lopd.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="algorithm.distill.alpha"):
+        load_config(None, [f"algorithm.distill.alpha={alpha}"])
+
+
+def test_a_bf16_head_keeps_the_gradient_direction_when_its_product_is_taken_in_float32():
+    """Logit scale 50, V = 49,152 (SmolLM2's vocabulary), bf16 weights: rounding the logits to bf16 before the
+    upcast loses the gradient's direction; the same bf16 weights multiplied in float32 keep it."""
+    g = torch.Generator().manual_seed(0)
+    Vb, Hb = 49_152, 64
+    w_s = (torch.randn(Vb, Hb, generator=g) * 50 / math.sqrt(Hb)).bfloat16()
+    w_t = (w_s.float() + 0.05 * torch.randn(Vb, Hb, generator=g)).bfloat16()
+    s_h = torch.randn(1, 4, Hb, generator=g).bfloat16().requires_grad_(True)
+    t_h = torch.randn(1, 4, Hb, generator=g).bfloat16()
+    heads = [torch.nn.Linear(Hb, Vb, bias=False) for _ in range(2)]
+    for head, w in zip(heads, (w_s, w_t)):
+        head.to(torch.bfloat16).weight.data.copy_(w)
+        head.requires_grad_(False)
+    targets, mask = torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 4)
+    ref_h = s_h.detach().double().requires_grad_(True)
+    ref = _reference(ref_h @ w_s.double().T, t_h.double() @ w_t.double().T, "full").sum()
+    (want,) = torch.autograd.grad(ref, ref_h)
+    errors = {}
+    for name, dtype in (("float32", torch.float32), ("model", None)):
+        s = TokenStats(s_h, heads[0], targets, mask, 1.0, chunk=4, head_dtype=dtype)
+        t = TokenStats(t_h, heads[1], targets, mask, 1.0, chunk=4, head_dtype=dtype)
+        (got,) = torch.autograd.grad(token_divergence(s, t, "full").sum(), s_h)
+        errors[name] = float((got.double() - want).norm() / want.norm())
+    # measured: 1.5e-3 in float32 against 0.14 with bf16 logits
+    assert errors["float32"] < 1e-2 and errors["model"] > 20 * errors["float32"], errors

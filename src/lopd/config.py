@@ -31,6 +31,13 @@ def _help(text: str, default: Any = None, factory: Any = None):
     return field(default=default, metadata={"help": text})
 
 
+def head_dtype_of(cfg) -> "torch.dtype | None":
+    """The torch dtype `model.head_dtype` asks for (None: the model's own)."""
+    import torch
+
+    return torch.float32 if HeadPrecision(cfg.model.head_dtype) is HeadPrecision.float32 else None
+
+
 def choice(kind: type[enum.Enum], value, key: str) -> enum.Enum:
     """`kind(value)`, or a ConfigError naming `key` and the valid choices (for values set outside YAML)."""
     try:
@@ -118,10 +125,16 @@ class LoraConfig:
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
 
 
+class HeadPrecision(str, enum.Enum):
+    float32 = "float32"  # the output head's product in float32, even for bf16/fp16 weights (exact-enough gradients)
+    model = "model"  # in the weights' dtype, logits rounded to it (faster; loses the gradient at large logits)
+
+
 @dataclass
 class ModelConfig:
     name: str = _help("'tiny' (bundled), 'smollm2-135m', or a Hugging Face model folder", "tiny")
     dtype: DType = _help("weights dtype", DType.float32)
+    head_dtype: HeadPrecision = _help("precision of the output head's product in every loss", HeadPrecision.float32)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
@@ -255,6 +268,7 @@ class TrainConfig:
     seed: int = _help("seeds sampling, initialisation and task order", 0)
     device: str = _help("'auto', 'cpu', 'cuda' or 'cuda:N'", "auto")
     threads: int = _help("torch CPU threads (0 = torch's default)", 0)
+    max_bad_steps: int = _help("stop after this many consecutive steps skipped for a non-finite loss or gradient", 3)
 
 
 @dataclass
@@ -426,9 +440,39 @@ def load_config(path: str | Path | list | None = None, overrides: list[str] | No
         except OmegaConfBaseException as e:
             raise _explain(e, f"command line '{item}'") from None
     try:
-        return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+        return validate(OmegaConf.to_object(cfg))  # type: ignore[arg-type]
     except OmegaConfBaseException as e:
         raise _explain(e, "config") from None
+
+
+RANGES = [  # (dotted key, lowest, highest, inclusive at the bottom): values the types alone do not rule out
+    ("algorithm.distill.alpha", 0.0, 1.0, True),
+    ("algorithm.distill.ema_rate", 0.0, 1.0, True),
+    ("rollout.temperature", 0.0, float("inf"), False),
+    ("rollout.top_p", 0.0, 1.0, False),
+    ("rollout.tasks_per_step", 1, float("inf"), True),
+    ("rollout.group_size", 1, float("inf"), True),
+    ("rollout.max_new_tokens", 1, float("inf"), True),
+    ("train.micro_batch_size", 1, float("inf"), True),
+    ("train.epochs_per_batch", 1, float("inf"), True),
+    ("train.minibatches", 1, float("inf"), True),
+    ("train.max_bad_steps", 1, float("inf"), True),
+    ("run.checkpoint_every", 1, float("inf"), True),
+    ("algorithm.lopd.latent_tokens", 1, float("inf"), True),
+    ("algorithm.lopd.retrieve_k", 0, float("inf"), True),
+]
+
+
+def validate(cfg: Config) -> Config:
+    """ConfigError naming the key for a value outside its range (`RANGES`)."""
+    for key, low, high, closed in RANGES:
+        value = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        if not ((value >= low if closed else value > low) and value <= high):
+            bottom = "[" if closed else "("
+            raise ConfigError(f"{key}: {value} is outside {bottom}{low}, {high}]")
+    return cfg
 
 
 def with_overrides(cfg: Config, overrides: list[str]) -> Config:
@@ -442,7 +486,7 @@ def with_overrides(cfg: Config, overrides: list[str]) -> Config:
             base = OmegaConf.merge(base, OmegaConf.from_dotlist([item]))
         except OmegaConfBaseException as e:
             raise _explain(e, f"override '{item}'") from None
-    return OmegaConf.to_object(base)  # type: ignore[return-value]
+    return validate(OmegaConf.to_object(base))  # type: ignore[arg-type]
 
 
 def to_yaml(cfg: Config) -> str:

@@ -34,10 +34,11 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from lopd import failpoints
 from lopd.algorithms import Algorithm, Context, build_algorithm
-from lopd.config import Aggregation, AlgorithmName, Config, to_yaml
+from lopd.config import Aggregation, AlgorithmName, Config, head_dtype_of, to_yaml
 from lopd.envs import Env, Task, build_env
-from lopd.errors import ConfigError
+from lopd.errors import ConfigError, LopdError
 from lopd.evaluation import evaluate
 from lopd.models import load_policy, trainable_parameters
 from lopd.rollout import RolloutBatch, collect
@@ -51,6 +52,7 @@ class RunState:
     rollouts: int = 0  # sampled trajectories so far: the budget
     tokens: int = 0  # generated completion tokens so far
     best: dict = field(default_factory=dict)  # split -> best held-out success
+    bad_streak: int = 0  # consecutive steps skipped for a non-finite loss or gradient
 
 
 class Timer:
@@ -93,31 +95,45 @@ def tasks_for_step(tasks: Sequence[Task], step: int, per_step: int, seed: int) -
 
 def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatch, ctx: Context,
            cfg: Config) -> dict[str, float]:
-    """(extra + epochs) x minibatches optimizer steps over one rollout batch, with gradient accumulation."""
-    t, temp = cfg.train, cfg.rollout.temperature
+    """(extra + epochs) x minibatches optimizer steps over one rollout batch, with gradient accumulation.
+
+    Numerical guard: a micro-batch whose loss is not finite is not backpropagated, and an optimizer step
+    whose loss or gradient norm is not finite is skipped (gradients dropped, no step, no scheduler step);
+    `health/skipped_steps` and `health/nonfinite_losses` count them."""
+    t, temp, head_dtype = cfg.train, cfg.rollout.temperature, head_dtype_of(cfg)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
     epochs = ctx.extra_passes + t.epochs_per_batch
     passes = epochs * t.minibatches
     device = params[0].device
-    sums: dict[str, float] = {}
+    sums: dict[str, float] = {"health/skipped_steps": 0.0, "health/nonfinite_losses": 0.0}
     for epoch in range(epochs):
         order = torch.randperm(len(batch)) if t.minibatches > 1 else torch.arange(len(batch))
         for mb_index in order.chunk(t.minibatches):
             optimizer.zero_grad(set_to_none=True)
             weight_total = _weight(batch.select(mb_index), cfg)
+            finite = True
             for micro in mb_index.split(t.micro_batch_size):
                 mb, mctx = batch.select(micro).trimmed().to(device), ctx.select(micro).to(device).for_pass(epoch)
                 student = score_completions(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
                                             mb.completion_mask, completion_attention=mb.completion_attention,
-                                            temperature=temp)
+                                            temperature=temp, head_dtype=head_dtype)
                 loss, metrics = algorithm.loss(mb, mctx, student)
+                if not bool(torch.isfinite(loss.detach())):
+                    finite = False
+                    sums["health/nonfinite_losses"] += 1
+                    continue
                 w = _weight(mb, cfg) / weight_total
                 if loss.requires_grad:  # a pass may train nothing (a frozen composer's composer-only pass)
                     (loss * w).backward()
+                failpoints.reached("update")
                 for k, v in metrics.items():  # averaged over micro-batches (by weight) and passes
                     sums[k] = sums.get(k, 0.0) + v * w / passes
             norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            if not finite or not bool(torch.isfinite(norm)):
+                optimizer.zero_grad(set_to_none=True)
+                sums["health/skipped_steps"] += 1
+                continue
             sums["optim/grad_norm"] = sums.get("optim/grad_norm", 0.0) + float(norm) / passes
             optimizer.step()
             scheduler.step()
@@ -166,11 +182,14 @@ class Session:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     total_steps: int
+    resumed_from: Path | None = None  # the checkpoint `restore` loaded
+    resuming: bool = False  # the run directory existed before this process (a resume or an extension)
 
 
 def build(cfg: Config, env: Env | None = None) -> Session:
-    """Wire a run: env, policy, algorithm (with its teachers), optimizer. Writes nothing to disk, so a
-    config that fails here leaves no run directory behind. `env`: an Env object instead of `cfg.env`."""
+    """Wire a run: env, policy, algorithm (with its teachers), optimizer. A config that fails here leaves no
+    run behind; once it passes, this process holds the run directory's lock (`RunDir.acquire`) before the
+    algorithm opens its files there. `env`: an Env object instead of `cfg.env`."""
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     per_step = cfg.rollout.tasks_per_step * cfg.rollout.group_size
@@ -190,7 +209,12 @@ def build(cfg: Config, env: Env | None = None) -> Session:
     model, tokenizer = load_policy(cfg.model, device)
     run = RunDir(run_dir_for(cfg))
     algorithm = build_algorithm(cfg)
-    algorithm.setup(policy=model, tokenizer=tokenizer, env=env, run=run, device=device)
+    run.acquire()  # before the algorithm opens its bank or library there
+    try:
+        algorithm.setup(policy=model, tokenizer=tokenizer, env=env, run=run, device=device)
+    except BaseException:
+        run.release()
+        raise
     groups = [{"params": trainable_parameters(model), "lr": cfg.optim.lr}] + algorithm.param_groups()
     optimizer = torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
                                   weight_decay=cfg.optim.weight_decay)
@@ -227,17 +251,24 @@ def record_env(cfg: Config, env: Env) -> None:
 
 
 def restore(session: Session) -> RunState:
-    """The state of the latest checkpoint (weights, optimizer, scheduler, RNG, the algorithm's state), or
-    a fresh one; either way, what the run wrote after that point is dropped: it is about to be redone."""
+    """The state of the newest checkpoint that verifies (weights, optimizer, scheduler, RNG, the algorithm's
+    state), or a fresh one; either way, what the run wrote after that point is removed, the metrics rows are
+    the checkpoint's own (so no torn or lost row survives), and stale temporary folders are gone."""
     run, state = session.run, RunState()
-    checkpoint = run.latest_checkpoint()
+    run.remove_stale()
+    checkpoint = run.latest_checkpoint(warn_about=True)
     saved: dict = {}
     if checkpoint is not None:
         saved = run.load_checkpoint(checkpoint, session.model, session.optimizer)
         session.scheduler.load_state_dict(saved["scheduler"])
         state = RunState(**saved["run"])
     session.algorithm.load_state_dict(saved.get("algorithm", {}), state.step)
-    run.truncate_metrics(after_step=state.step if checkpoint is not None else -1)
+    rows = saved.get("metrics")
+    if rows is None:  # a fresh start, or a checkpoint from before checkpoints held their rows
+        rows = [r for r in run.read_metrics(warn_about=True) if r["step"] <= state.step] if checkpoint else []
+    run.restore_metrics(rows)
+    run.remove_after(state.step, state.rollouts)
+    session.resumed_from = checkpoint
     return state
 
 
@@ -245,27 +276,33 @@ def train(cfg: Config, *, env: Env | None = None, stop_after: int | None = None,
     """Run (or resume) training; returns the run directory. `stop_after` ends this process after that
     many steps without a final checkpoint, as a crash would (tests use it)."""
     session = build(cfg, env)
-    session.run.path.mkdir(parents=True, exist_ok=True)
-    session.run.config_path.write_text(to_yaml(cfg))
-    state = restore(session)
-    return fit(session, state, stop_after=stop_after, quiet=quiet)
+    try:
+        session.resuming = session.run.exists()
+        session.run.config_path.write_text(to_yaml(cfg))
+        state = restore(session)
+        return fit(session, state, stop_after=stop_after, quiet=quiet)
+    finally:
+        session.run.release()
 
 
 def fit(session: Session, state: RunState, *, stop_after: int | None = None, quiet: bool = False) -> Path:
-    """The loop, from `state` to the end of the budget."""
+    """The loop, from `state` to the end of the budget. How the process ends (finished, crashed and why,
+    interrupted) is recorded in the run's status.json; the next start reports it in resumes.log."""
     cfg, run, algorithm, model = session.cfg, session.run, session.algorithm, session.model
-    run.path.mkdir(parents=True, exist_ok=True)
+    run.begin(session.resumed_from, session.resuming)
     (run.path / "finished").unlink(missing_ok=True)
-    resumed = state.step > 0
-    writer = _tensorboard(run, cfg, purge_step=state.step + 1 if resumed else None)
+    writer = _tensorboard(run, cfg, purge_step=state.rollouts + 1 if session.resumed_from is not None else None)
+    history = run.read_metrics()
 
-    def log(row: dict) -> None:
+    def log(row: dict) -> dict:
         row = {"step": state.step, "rollouts": state.rollouts, "tokens": state.tokens, **row}
         run.log(row)
+        history.append(row)
         if writer is not None:
             for k, v in row.items():
                 if isinstance(v, (int, float)) and "/" in k:
                     writer.add_scalar(k, v, global_step=state.rollouts)
+        return row
 
     def run_eval(timer: Timer) -> dict[str, float]:
         out = {}
@@ -279,62 +316,107 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
                 (run.path / "samples").mkdir(exist_ok=True)
                 with open(run.path / "samples" / f"{split}_step{state.step:06d}.jsonl", "w") as f:
                     f.writelines(json.dumps(s) + "\n" for s in result.samples)
+                failpoints.reached("eval")
         return out
 
-    def save() -> None:
-        run.save_checkpoint(state.step, model, session.optimizer, {
-            "scheduler": session.scheduler.state_dict(), "algorithm": algorithm.state_dict(),
-            "run": vars(state)}, keep=cfg.run.keep_checkpoints)
-
     progress = _Progress(cfg, session.total_steps, quiet or not cfg.run.progress)
-    if state.step == 0:
-        timer = Timer()
-        log({"kind": "eval", **run_eval(timer), **timer.seconds})
-    progress.start(state, run.read_metrics())
     steps_here = 0
-    try:
-        while state.step < session.total_steps:
-            timer = Timer()
-            step = state.step + 1
-            tasks = tasks_for_step(session.train_tasks, state.step, cfg.rollout.tasks_per_step, cfg.train.seed)
-            batch = collect(model, session.tokenizer, session.env, tasks, cfg.rollout, timer)
-            with timer("context"):
-                ctx = algorithm.build_context(batch, step)
-            with timer("update"):
-                metrics = update(model, algorithm, session.optimizer, session.scheduler, batch, ctx, cfg)
-            with timer("remember"):
-                metrics.update(algorithm.remember(batch, ctx, step))
-            prev = state.rollouts
-            state.step = step
-            state.rollouts += len(batch)
-            state.tokens += batch.num_tokens
-            row = {"kind": "train", **batch_metrics(batch, cfg), **ctx.metrics, **metrics}
-            if session.device.type == "cuda":
-                row["memory/peak_gib"] = torch.cuda.max_memory_allocated(session.device) / 2**30
-            every = cfg.eval.every_rollouts
-            if state.step == session.total_steps or (every and state.rollouts // every > prev // every):
-                row.update({"kind": "train+eval", **run_eval(timer)})
-            if state.step % cfg.run.checkpoint_every == 0 or state.step == session.total_steps:
-                with timer("checkpoint"):
-                    save()
-            log({**row, **timer.seconds})
-            progress.update(state, row)
-            steps_here += 1
-            if stop_after is not None and steps_here >= stop_after and state.step < session.total_steps:
-                return run.path
-    except KeyboardInterrupt:
-        progress.stop()
-        print(f"interrupted: resume with `lopd train {run.path}` (from the last checkpoint)")
-        raise
-    finally:
-        progress.stop()
-        if writer is not None:
-            writer.close()
+    with _terminated_as_interrupt():
+        try:
+            if state.step == 0:
+                timer = Timer()
+                log({"kind": "eval", **run_eval(timer), **timer.seconds})
+            progress.start(state, history)
+            while state.step < session.total_steps:
+                timer = Timer()
+                step = state.step + 1
+                tasks = tasks_for_step(session.train_tasks, state.step, cfg.rollout.tasks_per_step, cfg.train.seed)
+                batch = collect(model, session.tokenizer, session.env, tasks, cfg.rollout, timer)
+                failpoints.reached("rollout")
+                with timer("context"):
+                    ctx = algorithm.build_context(batch, step)
+                with timer("update"):
+                    metrics = update(model, algorithm, session.optimizer, session.scheduler, batch, ctx, cfg)
+                with timer("remember"):
+                    metrics.update(algorithm.remember(batch, ctx, step))
+                failpoints.reached("remember")
+                prev = state.rollouts
+                state.step = step
+                state.rollouts += len(batch)
+                state.tokens += batch.num_tokens
+                state.bad_streak = state.bad_streak + 1 if metrics["health/skipped_steps"] else 0
+                row = {"kind": "train", **batch_metrics(batch, cfg), **ctx.metrics, **metrics}
+                if session.device.type == "cuda":
+                    row["memory/peak_gib"] = torch.cuda.max_memory_allocated(session.device) / 2**30
+                every = cfg.eval.every_rollouts
+                if state.step == session.total_steps or (every and state.rollouts // every > prev // every):
+                    row.update({"kind": "train+eval", **run_eval(timer)})
+                pending = None
+                if state.step % cfg.run.checkpoint_every == 0 or state.step == session.total_steps:
+                    with timer("checkpoint"):
+                        pending = run.save_checkpoint(state.step, model, session.optimizer, {
+                            "scheduler": session.scheduler.state_dict(), "algorithm": algorithm.state_dict(),
+                            "run": vars(state)}, keep=cfg.run.keep_checkpoints)
+                full = {"step": state.step, "rollouts": state.rollouts, "tokens": state.tokens, **row, **timer.seconds}
+                if pending is not None:
+                    pending.finish(history + [full])  # the checkpoint holds its own row ...
+                log({**row, **timer.seconds})  # ... which reaches metrics.jsonl before the checkpoint is visible
+                if pending is not None:
+                    pending.commit()
+                failpoints.reached("step.end")
+                progress.update(state, row)
+                if state.bad_streak >= cfg.train.max_bad_steps:
+                    last = run.latest_checkpoint()
+                    raise LopdError(f"step {state.step}: {state.bad_streak} steps in a row had a non-finite loss or "
+                                    f"gradient and were skipped; stopping. The last good checkpoint is "
+                                    f"{last.name if last else 'none'}: change the config (e.g. a lower optim.lr) "
+                                    f"and resume with `lopd train {run.path}`")
+                steps_here += 1
+                if stop_after is not None and steps_here >= stop_after and state.step < session.total_steps:
+                    run.end("interrupted", f"stop_after={stop_after} steps")
+                    return run.path
+        except KeyboardInterrupt as e:
+            progress.stop()
+            run.end("interrupted", "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C")
+            print(f"interrupted: resume with `lopd train {run.path}` (from the last checkpoint)")
+            raise
+        except BaseException as e:
+            progress.stop()
+            run.end("crashed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} (at step {state.step + 1})")
+            raise
+        finally:
+            progress.stop()
+            if writer is not None:
+                writer.close()
     from lopd.report import write_run_report
 
     write_run_report(run.path)
+    run.end("finished")
     (run.path / "finished").write_text(str(cfg.train.max_rollouts))  # last: the run is complete
     return run.path
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into an interrupt so the run records how it ended."""
+
+
+@contextmanager
+def _terminated_as_interrupt() -> Iterator[None]:
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _tensorboard(run: RunDir, cfg: Config, purge_step: int | None):

@@ -11,6 +11,11 @@ import torch
 from torch import Tensor
 
 
+def masked(x: Tensor, mask: Tensor) -> Tensor:
+    """x where mask is set, exactly 0 elsewhere (x * mask would turn a masked inf into nan)."""
+    return torch.where(mask > 0, x * mask, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
 def group_advantages(rewards: Tensor, group: Tensor, normalize_std: bool = True, eps: float = 1e-6) -> Tensor:
     """A_i = (r_i - mean of its group) [/ (std of its group + eps)].   rewards, group: [B] -> [B]
 
@@ -37,9 +42,9 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str = "token") -> Tensor:
     mask = mask.to(per_token.dtype)
     mode = mode.value if isinstance(mode, enum.Enum) else mode
     if mode == "token":
-        return (per_token * mask).sum() / mask.sum().clamp(min=1)
+        return masked(per_token, mask).sum() / mask.sum().clamp(min=1)
     if mode == "sequence":
-        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B]
+        per_seq = masked(per_token, mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B]
         has_tokens = (mask.sum(-1) > 0).to(per_token.dtype)
         return (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1)
     raise ValueError(f"aggregation '{mode}' is not one of token, sequence")
@@ -84,7 +89,7 @@ def kl_sampled(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k2") ->
 def sequence_mean(per_token: Tensor, mask: Tensor) -> Tensor:
     """Mean over each sequence's masked tokens.   [B, T] -> [B]"""
     mask = mask.to(per_token.dtype)
-    return (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return masked(per_token, mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
 def privileged_margin(delta: Tensor, advantages: Tensor, margin: float,
@@ -99,14 +104,14 @@ def privileged_margin(delta: Tensor, advantages: Tensor, margin: float,
     """
     slack = margin - advantages * delta  # [B]
     use = constrained(advantages, active).to(delta.dtype)
-    return (torch.relu(slack) * use).sum() / use.sum().clamp(min=1), slack
+    return masked(torch.relu(slack), use).sum() / use.sum().clamp(min=1), slack
 
 
 def privilege(delta: Tensor, advantages: Tensor, active: Tensor | None = None) -> Tensor:
     """mean_{y: A != 0, active} A(y) * Delta(y): how much the context raises better-than-average trajectories
     and lowers worse ones (nats per token). LOPD's `privilege` objective maximises it.   [B], [B] -> []"""
     use = constrained(advantages, active).to(delta.dtype)
-    return (advantages * delta * use).sum() / use.sum().clamp(min=1)
+    return masked(advantages * delta, use).sum() / use.sum().clamp(min=1)
 
 
 def constrained(advantages: Tensor, active: Tensor | None = None) -> Tensor:

@@ -91,6 +91,15 @@ def plot_curves(metrics: list[dict], path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
+def health_line(rows: list[dict], run: RunDir) -> str:
+    """Optimizer steps skipped for a non-finite loss or gradient, and how often the run was resumed."""
+    skipped = sum(r.get("health/skipped_steps", 0) for r in rows)
+    losses = sum(r.get("health/nonfinite_losses", 0) for r in rows)
+    resumes = len(run.resumes_path.read_text().splitlines()) if run.resumes_path.is_file() else 0
+    return (f"Health: {skipped:.0f} optimizer step(s) skipped for a non-finite loss or gradient "
+            f"({losses:.0f} non-finite micro-batch loss(es)); resumed {resumes} time(s) (resumes.log).")
+
+
 def write_run_report(path: str | Path) -> Path:
     run = RunDir(path)
     metrics = run.read_metrics()
@@ -107,6 +116,7 @@ def write_run_report(path: str | Path) -> Path:
         "![curves](curves.png)", "",
         "Mean seconds per training step, by phase:", "",
         "| phase | seconds |", "|---|---:|", *time_lines, "",
+        health_line(timing, run), "",
         f"Config: `{run.config_path.name}`; every number above is a row of `{run.metrics_path.name}`.", ""])
     (run.path / "report.md").write_text(text)
     return run.path / "report.md"

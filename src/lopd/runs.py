@@ -1,104 +1,324 @@
-"""The run directory: everything a run writes, and everything needed to resume it.
+"""The run directory: everything a run writes, everything needed to resume it, and nothing a crash can lose.
 
     runs/NAME/
       config.yaml            the resolved config (what actually ran)
       metrics.jsonl          one JSON object per training step and per evaluation
-      tb/                    TensorBoard events
-      checkpoints/step_N/    model/ (weights or adapter), optimizer.pt, state.pt
-      samples/               a few evaluated completions per evaluation, for reading
+      tb/                    TensorBoard events (x axis: rollouts)
+      checkpoints/step_N/    model/ (weights or adapter), optimizer.pt, state.pt, metrics.jsonl (the rows up to
+                             and including step N), manifest.json (every file's size and sha256)
+      samples/               every evaluated completion with its verdict, per evaluation
+      bank/, skills/         the algorithm's own files (LOPD's experiences, Skill-SD's skills)
+      status.json            how the last process ended (running / finished / crashed: why / interrupted)
+      resumes.log            one line per resume: when, from which checkpoint, how the previous process ended
+      lock                   held (flock) by the process that trains the run; a second one is refused
       report.md, curves.png  written at the end of training
 
-Checkpoints are written to a temporary folder and renamed, so a crash leaves the previous one intact.
-On resume, metrics rows after the checkpoint's step are dropped (they are about to be redone) and
-TensorBoard purges the same steps.
+Crash consistency. A checkpoint is written under `.tmp_step_N`, with the metrics rows so far and a manifest
+of its files' checksums, then the step's row is appended to metrics.jsonl, then the folder is renamed
+(atomically) to `step_N`: whatever instant a process dies at, either step N's checkpoint is complete and its
+row is in it, or neither exists and step N is redone. On resume the newest checkpoint whose manifest
+verifies is used (a corrupt one is skipped with one warning line naming it), metrics.jsonl is rewritten
+from that checkpoint's rows (torn, garbage or non-UTF-8 lines are reported and replaced, nothing is lost),
+and what the lost steps wrote (later samples, TensorBoard events; the algorithm drops its own) is removed,
+so the resumed run equals an uninterrupted one bit for bit. With no checkpoint, everything is removed.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import hashlib
 import json
 import os
 import random
+import re
 import shutil
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from lopd.errors import LopdError
+
 CHECKPOINT_PREFIX = "step_"
+MANIFEST = "manifest.json"
+
+
+class RunInUse(LopdError):
+    """Another process holds the run directory's lock."""
+
+
+def warn(message: str) -> None:
+    print(f"lopd: warning: {message}", file=sys.stderr, flush=True)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_error(e: BaseException, where: Path) -> LopdError | None:
+    """A one-line LopdError for a failed write that is really a full or read-only disk (torch and safetensors
+    report those as 'basic_ios::clear: iostream error' or 'unexpected pos'); None if it is something else."""
+    code = getattr(e, "errno", None)
+    if code == errno.EROFS or code == errno.EACCES:
+        return LopdError(f"{where}: cannot write ({os.strerror(code).lower()})")
+    try:
+        free = shutil.disk_usage(where if where.exists() else where.parent).free
+    except OSError:
+        free = None
+    if code in (errno.ENOSPC, errno.EDQUOT) or (free is not None and free < 64 * 2**20):
+        shown = f" ({free / 2**20:.0f} MB free)" if free is not None else ""
+        return LopdError(f"no space left on device while writing {where}{shown}: free some space, then resume "
+                         f"the run with `lopd train RUN_DIR`")
+    return None
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class PendingCheckpoint:
+    """A checkpoint written under its temporary name: `commit()` makes it the run's newest checkpoint."""
+
+    def __init__(self, run: "RunDir", tmp: Path, final: Path, keep: int):
+        self.run, self.tmp, self.final, self.keep = run, tmp, final, keep
+
+    def finish(self, rows: list[dict]) -> None:
+        """Add the metrics rows so far (this step's included) and the manifest of every file."""
+        try:
+            with open(self.tmp / "metrics.jsonl", "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+            files = {str(p.relative_to(self.tmp)): p for p in sorted(self.tmp.rglob("*")) if p.is_file()}
+            for p in files.values():
+                with open(p, "rb+") as f:
+                    os.fsync(f.fileno())
+            manifest = {"step": _step_of(self.final),
+                        "files": {n: {"size": p.stat().st_size, "sha256": sha256(p)} for n, p in files.items()}}
+            (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            fsync_dir(self.tmp)
+        except Exception as e:
+            self.abandon()
+            raise write_error(e, self.tmp) or e
+
+    def commit(self) -> Path:
+        from lopd import failpoints
+
+        failpoints.reached("checkpoint.rename")
+        shutil.rmtree(self.final, ignore_errors=True)
+        os.replace(self.tmp, self.final)
+        fsync_dir(self.final.parent)
+        failpoints.reached("checkpoint.after_rename")
+        done = sorted(self.run.checkpoint_folders(), key=_step_of)
+        for old in done[:-self.keep] if self.keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+        return self.final
+
+    def abandon(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _step_of(p: Path) -> int:
+    return int(p.name[len(CHECKPOINT_PREFIX):])
 
 
 class RunDir:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.checkpoints = self.path / "checkpoints"
+        self._lock_fd: int | None = None
 
-    @property
-    def config_path(self) -> Path:
-        return self.path / "config.yaml"
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.path / "metrics.jsonl"
+    config_path = property(lambda self: self.path / "config.yaml")
+    metrics_path = property(lambda self: self.path / "metrics.jsonl")
+    status_path = property(lambda self: self.path / "status.json")
+    resumes_path = property(lambda self: self.path / "resumes.log")
+    lock_path = property(lambda self: self.path / "lock")
 
     def exists(self) -> bool:
         return self.config_path.is_file()
 
-    def latest_checkpoint(self) -> Path | None:
-        if not self.checkpoints.is_dir():
+    # ------------------------------------------------------------------ ownership
+
+    def acquire(self) -> None:
+        """Hold the run's lock for this process's life (an OS lock: a killed process's lock is released by
+        the kernel, so it never blocks). A second trainer fails at once, naming the holder."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise write_error(e, self.path) or LopdError(f"{self.path}: cannot create the run directory ({e})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise RunInUse(f"{self.path} is in use by {holder}; wait for it to finish or stop it first") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+                  .encode(), 0)
+        self._lock_fd = fd
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
+    def begin(self, checkpoint: Path | None, resuming: bool) -> None:
+        """Record a start: a resumed run gets one line in resumes.log saying from where and how the previous
+        process ended; status.json says this one is running."""
+        previous = self.read_status()
+        if resuming:
+            previous = previous or {"state": "unknown (no status.json: written by an older lopd)"}
+            start = checkpoint.name if checkpoint is not None else "the start (no checkpoint)"
+            line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} resumed from {start}; previous process: {how_it_ended(previous)}"
+            with open(self.resumes_path, "a") as f:
+                f.write(line + "\n")
+        self.write_status({"state": "running", "pid": os.getpid(), "since": time.time()})
+
+    def end(self, state: str, detail: str = "") -> None:
+        self.write_status({"state": state, "pid": os.getpid(), "at": time.time(), "detail": detail})
+
+    def read_status(self) -> dict | None:
+        try:
+            status = json.loads(self.status_path.read_text())
+        except FileNotFoundError:
             return None
-        done = [p for p in self.checkpoints.iterdir() if p.name.startswith(CHECKPOINT_PREFIX) and (p / "state.pt").is_file()]
-        return max(done, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX):]), default=None)
+        except (OSError, ValueError):
+            return {"state": "unknown (status.json unreadable)"}
+        return status if isinstance(status, dict) else {"state": "unknown (status.json is not an object)"}
+
+    def write_status(self, status: dict) -> None:
+        tmp = self.status_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(status))
+        os.replace(tmp, self.status_path)
 
     # ------------------------------------------------------------------ metrics
 
-    def truncate_metrics(self, after_step: int) -> None:
-        """Drop rows logged after `after_step` (they belong to work the resumed run redoes)."""
-        if not self.metrics_path.is_file():
-            return
-        keep = [line for line, row in self._rows() if row.get("step", 0) <= after_step]
-        tmp = self.metrics_path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, self.metrics_path)
-
     def log(self, row: dict[str, Any]) -> None:
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        from lopd import failpoints
 
-    def _rows(self) -> list[tuple[str, dict]]:
-        """(line, row) for every complete row; a line torn by a crash mid-write is skipped."""
-        out = []
-        for line in self.metrics_path.read_text().splitlines():
-            try:
-                out.append((line, json.loads(line)))
-            except json.JSONDecodeError:
-                continue
-        return out
+        line = json.dumps(row) + "\n"
+        try:
+            with self.metrics_path.open("a") as f:
+                failpoints.reached("metrics.write", lambda: (f.write(line[: len(line) // 2]), f.flush()))
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise write_error(e, self.metrics_path) or e
 
-    def read_metrics(self) -> list[dict]:
+    def read_metrics(self, warn_about: bool = False) -> list[dict]:
+        """Every complete row; a torn, non-UTF-8 or non-object line is skipped (named, if `warn_about`)."""
         if not self.metrics_path.is_file():
             return []
-        return [row for _, row in self._rows()]
+        rows = []
+        for lineno, raw in enumerate(self.metrics_path.read_bytes().split(b"\n"), 1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                row = None
+            if isinstance(row, dict) and "step" in row:
+                rows.append(row)
+            elif warn_about:
+                warn(f"{self.metrics_path}:{lineno}: not a metrics row ({raw[:40]!r}...); skipped")
+        return rows
+
+    def restore_metrics(self, rows: list[dict]) -> None:
+        """metrics.jsonl := `rows` (the checkpoint's own), atomically; damaged lines are reported first."""
+        if self.metrics_path.is_file():
+            self.read_metrics(warn_about=True)
+        tmp = self.metrics_path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.metrics_path)
 
     # -------------------------------------------------------------- checkpoints
 
-    def save_checkpoint(self, step: int, model, optimizer, state: dict, keep: int = 2) -> Path:
+    def checkpoint_folders(self) -> list[Path]:
+        if not self.checkpoints.is_dir():
+            return []
+        return [p for p in self.checkpoints.iterdir() if re.fullmatch(rf"{CHECKPOINT_PREFIX}\d+", p.name) and p.is_dir()]
+
+    def verify(self, folder: Path) -> str | None:
+        """Why `folder` is not a usable checkpoint, or None. Checkpoints without a manifest (written before
+        manifests existed) are accepted if their state.pt exists."""
+        manifest = folder / MANIFEST
+        if not manifest.is_file():
+            return None if (folder / "state.pt").is_file() else "no manifest.json and no state.pt"
+        try:
+            files = json.loads(manifest.read_text())["files"]
+        except (ValueError, KeyError, OSError) as e:
+            return f"unreadable manifest ({e})"
+        for name, want in files.items():
+            path = folder / name
+            if not path.is_file():
+                return f"{name} is missing"
+            if path.stat().st_size != want["size"]:
+                return f"{name} has {path.stat().st_size} bytes, the manifest says {want['size']}"
+            if sha256(path) != want["sha256"]:
+                return f"{name} does not match its checksum"
+        return None
+
+    def latest_checkpoint(self, warn_about: bool = False) -> Path | None:
+        """The newest checkpoint that verifies; each newer one that does not is skipped (with a warning)."""
+        for folder in sorted(self.checkpoint_folders(), key=_step_of, reverse=True):
+            why = self.verify(folder)
+            if why is None:
+                return folder
+            if warn_about:
+                warn(f"checkpoint {folder} is damaged ({why}); using the previous one")
+        return None
+
+    def remove_stale(self) -> None:
+        """Temporary folders of checkpoints that were being written when a process died."""
+        if self.checkpoints.is_dir():
+            for p in self.checkpoints.glob(f".tmp_{CHECKPOINT_PREFIX}*"):
+                shutil.rmtree(p, ignore_errors=True)
+
+    def remove_after(self, step: int, rollouts: int) -> None:
+        """What steps after `step` wrote outside the checkpoints: their samples and TensorBoard events
+        (with no checkpoint, `step` is 0 and the whole tb/ goes)."""
+        for f in (self.path / "samples").glob("*_step*.jsonl"):
+            m = re.search(r"_step(\d+)\.jsonl$", f.name)
+            if m and int(m.group(1)) > step:
+                f.unlink()
+        if step == 0:
+            shutil.rmtree(self.path / "tb", ignore_errors=True)
+
+    def save_checkpoint(self, step: int, model, optimizer, state: dict, keep: int = 2) -> PendingCheckpoint:
+        """Write step `step`'s weights, optimizer and state under the checkpoint's temporary name; the
+        result's `finish(rows)` adds the metrics rows and the manifest, and `commit()` (once the step's row is
+        in metrics.jsonl) renames it into place."""
+        from lopd import failpoints
         from lopd.models import save_weights
 
         final = self.checkpoints / f"{CHECKPOINT_PREFIX}{step:06d}"
         tmp = self.checkpoints / f".tmp_{CHECKPOINT_PREFIX}{step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        save_weights(model, tmp / "model")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save({**state, "rng": rng_state()}, tmp / "state.pt")  # written last: marks the folder complete
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        done = sorted((p for p in self.checkpoints.iterdir() if p.name.startswith(CHECKPOINT_PREFIX)),
-                      key=lambda p: int(p.name[len(CHECKPOINT_PREFIX):]))
-        for old in done[:-keep] if keep > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
-        return final
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            save_weights(model, tmp / "model")
+            failpoints.reached("checkpoint.write")
+            _save(optimizer.state_dict(), tmp / "optimizer.pt")
+            _save({**state, "rng": rng_state()}, tmp / "state.pt")
+        except Exception as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise write_error(e, tmp) or e
+        return PendingCheckpoint(self, tmp, final, keep)
 
     def load_checkpoint(self, folder: Path, model, optimizer) -> dict:
         from lopd.models import load_weights
@@ -107,7 +327,36 @@ class RunDir:
         optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
         state = torch.load(folder / "state.pt", weights_only=False)
         set_rng_state(state.pop("rng"))
+        rows = folder / "metrics.jsonl"
+        state["metrics"] = RunDir(folder).read_metrics() if rows.is_file() else None
         return state
+
+
+def _save(obj: Any, path: Path) -> None:
+    with open(path, "wb") as f:  # a Python file object: a full disk raises OSError(ENOSPC), not an iostream error
+        torch.save(obj, f)
+
+
+def how_it_ended(status: dict) -> str:
+    state = status.get("state")
+    if state == "running":
+        pid = status.get("pid")
+        alive = False
+        if pid:
+            try:
+                os.kill(pid, 0)
+                alive = True
+            except OSError:
+                pass
+        return (f"pid {pid} was still recorded as running" + (" (and is alive)" if alive else
+                " and left no exit record: killed (SIGKILL, out of memory, power loss)"))
+    if state == "crashed":
+        return f"crashed: {status.get('detail', '')}"
+    if state == "interrupted":
+        return f"interrupted ({status.get('detail', '')})"
+    if state == "finished":
+        return "finished (the run is being extended)"
+    return f"unknown ({status})"
 
 
 def rng_state() -> dict:

@@ -60,8 +60,8 @@ class Teacher:
 
     trained = False  # whether its weights change during training (then checkpoints hold them)
 
-    def __init__(self, tokenizer=None, temperature: float = 1.0):
-        self.tokenizer, self.temperature = tokenizer, temperature
+    def __init__(self, tokenizer=None, temperature: float = 1.0, head_dtype: torch.dtype | None = torch.float32):
+        self.tokenizer, self.temperature, self.head_dtype = tokenizer, temperature, head_dtype
 
     @contextlib.contextmanager
     def active(self) -> Iterator[nn.Module]:
@@ -91,7 +91,8 @@ class Teacher:
             ids, mask = left_pad(prompts, self.tokenizer.pad_token_id)
         with self.active() as model:
             stats = score_completions(model, ids, mask, batch.completion_ids, batch.completion_mask,
-                                      completion_attention=batch.completion_attention, temperature=self.temperature)
+                                      completion_attention=batch.completion_attention, temperature=self.temperature,
+                                      head_dtype=self.head_dtype)
         return stats.weights_detached()
 
     def score_latent(self, batch: "RolloutBatch", contexts: Sequence[str | None],
@@ -118,14 +119,14 @@ class Teacher:
                     span_ids[b, :len(s)] = torch.tensor(s, dtype=torch.long)
                 base = model.get_input_embeddings()(span_ids.to(device)).detach()  # [B, K, H]
                 present = torch.arange(K)[None] < length[:, None]  # [B, K]
-                values = torch.where(present.to(device)[..., None], base.to(latents.values.dtype) + latents.values,
-                                     latents.values)
+                values = torch.where(present.to(device)[..., None], base + latents.values.to(base.dtype),
+                                     latents.values.to(base.dtype))
             else:
                 present = torch.tensor([c is not None for c in contexts])[:, None].expand(B, K)
                 values = latents.values
             stats = score_completions(model, ids, mask, batch.completion_ids, batch.completion_mask,
                                       completion_attention=batch.completion_attention, temperature=self.temperature,
-                                      latents=Latents(values, present.to(device), at.to(device)))
+                                      latents=Latents(values, present.to(device), at.to(device)), head_dtype=self.head_dtype)
         return stats.weights_detached(), length
 
 
@@ -146,8 +147,8 @@ class FrozenTeacher(Teacher):
     """The backbone's initial weights, never trained: the GRPO reference, LOPD's pi_0, the default teacher.
     LoRA: the same module with its adapter disabled; full fine-tune: the policy's shared frozen copy."""
 
-    def __init__(self, policy: nn.Module, tokenizer=None, temperature: float = 1.0):
-        super().__init__(tokenizer, temperature)
+    def __init__(self, policy: nn.Module, tokenizer=None, temperature: float = 1.0, head_dtype=torch.float32):
+        super().__init__(tokenizer, temperature, head_dtype)
         self._shared = is_lora(policy)
         self.model = policy if self._shared else frozen_copy(policy)
 
@@ -171,8 +172,8 @@ class EMATeacher(Teacher):
     trained = True
     ADAPTER = "ema"
 
-    def __init__(self, policy: nn.Module, rate: float, tokenizer=None, temperature: float = 1.0):
-        super().__init__(tokenizer, temperature)
+    def __init__(self, policy: nn.Module, rate: float, tokenizer=None, temperature: float = 1.0, head_dtype=torch.float32):
+        super().__init__(tokenizer, temperature, head_dtype)
         self.policy, self.rate, self._lora = policy, rate, is_lora(policy)
         if self._lora:
             policy.add_adapter(self.ADAPTER, policy.peft_config[policy.active_adapter])
@@ -228,8 +229,8 @@ class EMATeacher(Teacher):
 class LiveTeacher(Teacher):
     """The student's current weights, detached: no gradient reaches them through the teacher."""
 
-    def __init__(self, policy: nn.Module, tokenizer=None, temperature: float = 1.0):
-        super().__init__(tokenizer, temperature)
+    def __init__(self, policy: nn.Module, tokenizer=None, temperature: float = 1.0, head_dtype=torch.float32):
+        super().__init__(tokenizer, temperature, head_dtype)
         self.policy = policy
 
     @contextlib.contextmanager
@@ -244,12 +245,12 @@ class LiveTeacher(Teacher):
                 p.requires_grad_(True)
 
 
-def build_teacher(kind, policy: nn.Module, *, ema_rate: float = 0.05, tokenizer=None,
-                  temperature: float = 1.0) -> Teacher:
+def build_teacher(kind, policy: nn.Module, *, ema_rate: float = 0.05, tokenizer=None, temperature: float = 1.0,
+                  head_dtype: torch.dtype | None = torch.float32) -> Teacher:
     """The self-teacher's weights by name: 'frozen', 'ema' or 'live' (`algorithm.distill.teacher`)."""
     kind = TeacherWeights(kind)
     if kind is TeacherWeights.frozen:
-        return FrozenTeacher(policy, tokenizer, temperature)
+        return FrozenTeacher(policy, tokenizer, temperature, head_dtype)
     if kind is TeacherWeights.ema:
-        return EMATeacher(policy, ema_rate, tokenizer, temperature)
-    return LiveTeacher(policy, tokenizer, temperature)
+        return EMATeacher(policy, ema_rate, tokenizer, temperature, head_dtype)
+    return LiveTeacher(policy, tokenizer, temperature, head_dtype)

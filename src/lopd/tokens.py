@@ -19,11 +19,13 @@ from __future__ import annotations
 import enum
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
+
+from lopd.losses import masked
 
 DEFAULT_CHUNK = 128  # completion positions per output-head chunk
 
@@ -31,6 +33,54 @@ DEFAULT_CHUNK = 128  # completion positions per output-head chunk
 def upcast(x: Tensor) -> Tensor:
     """At least float32 (bf16/fp16 logits are upcast; float64 stays float64 for exact references)."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+VOCAB_BLOCK = 8192  # vocabulary rows per block when a low-precision head's product is taken in float32
+
+
+def head_logits(head: nn.Module, hidden: Tensor, dtype: torch.dtype | None = torch.float32) -> Tensor:
+    """The head's logits, at least float32.   [B, c, H] -> [B, c, V]
+
+    With a bf16/fp16 head and `dtype` float32, the product itself is taken in float32 (hidden states and
+    weight rows upcast, a vocabulary block at a time), so the logits are never rounded to bf16 (at logit
+    scale 50, bf16 rounding costs the divergence's gradient its direction). `dtype` None: the head's own
+    precision, then upcast (faster, and what a float32 model does anyway)."""
+    inner = head.inner if isinstance(head, WeightsDetached) else head
+    weight = getattr(inner, "weight", None)
+    if dtype is None or weight is None or not isinstance(inner, nn.Linear) or weight.dtype.itemsize >= 4:
+        return upcast(head(hidden))
+    if isinstance(head, WeightsDetached):
+        weight = weight.detach()
+    bias = inner.bias.detach() if inner.bias is not None and isinstance(head, WeightsDetached) else inner.bias
+    x = hidden.to(dtype)
+    blocks = [nn.functional.linear(x, weight[v:v + VOCAB_BLOCK].to(dtype),
+                                   None if bias is None else bias[v:v + VOCAB_BLOCK].to(dtype))
+              for v in range(0, weight.shape[0], VOCAB_BLOCK)]
+    return torch.cat(blocks, dim=-1)
+
+
+def xlogy_divergence(log_a: Tensor, log_b: Tensor) -> Tensor:
+    """sum_v a_v (log a_v - log b_v), with 0 log 0 = 0 exactly in value and gradient (-inf logits: a masked
+    vocabulary, a -inf bias). Where a_v > 0 and b_v = 0 the true value is +inf, and so is this.   [..., V] -> [...]"""
+    present = log_a > -math.inf
+    return (log_a.exp() * torch.where(present, log_a - log_b, torch.zeros((), dtype=log_a.dtype,
+                                                                          device=log_a.device))).sum(-1)
+
+
+def trained_positions(hidden: Tensor, mask: Tensor) -> Tensor:
+    """Hidden states with the untrained positions (pads, observations) set to 0: whatever they hold (even
+    inf or nan) never reaches a value or a gradient.   [B, T, H], [B, T] -> [B, T, H]"""
+    return torch.where(mask.to(hidden.device)[..., None] > 0, hidden, torch.zeros((), dtype=hidden.dtype,
+                                                                                    device=hidden.device))
+
+
+def safe_logsumexp(x: Tensor, dim: int, keepdim: bool = False) -> Tensor:
+    """logsumexp whose gradient stays finite where every entry is -inf (the result there is -inf and its
+    gradient 0, instead of exp(-inf - -inf) = nan)."""
+    empty = (x == -math.inf).all(dim=dim, keepdim=True)
+    out = torch.where(empty, torch.zeros((), dtype=x.dtype, device=x.device), x).logsumexp(dim, keepdim=True)
+    out = torch.where(empty, torch.full((), -math.inf, dtype=x.dtype, device=x.device), out)
+    return out if keepdim else out.squeeze(dim)
 
 
 def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
@@ -99,17 +149,17 @@ class TokenStats:
     mask: Tensor  # [B, T] 1 on trained tokens
     temperature: float = 1.0
     chunk: int = DEFAULT_CHUNK
+    head_dtype: torch.dtype | None = torch.float32  # the head's product in float32 (see `head_logits`)
     _logprobs: Tensor | None = field(default=None, repr=False)
 
     def detached(self) -> "TokenStats":
         """The same view with no gradient path (a teacher the loss must not move)."""
-        return TokenStats(self.hidden.detach(), self.weights_detached().head, self.targets, self.mask,
-                          self.temperature, self.chunk, None if self._logprobs is None else self._logprobs.detach())
+        return replace(self, hidden=self.hidden.detach(), head=self.weights_detached().head,
+                       _logprobs=None if self._logprobs is None else self._logprobs.detach())
 
     def weights_detached(self) -> "TokenStats":
         """The same view whose output head passes no gradient to its weights (every teacher's)."""
-        head = self.head if isinstance(self.head, WeightsDetached) else WeightsDetached(self.head)
-        return TokenStats(self.hidden, head, self.targets, self.mask, self.temperature, self.chunk, self._logprobs)
+        return replace(self, head=self.head if isinstance(self.head, WeightsDetached) else WeightsDetached(self.head))
 
     def logprobs(self) -> Tensor:
         """log p(y_t | prefix) of the completion tokens.   [B, T], 0 where mask is 0."""
@@ -119,16 +169,17 @@ class TokenStats:
         if self._logprobs is None or stale:
             parts = []
             T = self.hidden.shape[1]
+            hidden = trained_positions(self.hidden, self.mask)
             for start in range(0, T, self.chunk):
                 sl = slice(start, min(T, start + self.chunk))
                 targets = self.targets[:, sl]
                 fn = functools.partial(self._chunk_logprobs, targets=targets)  # bound now, not at recompute
-                parts.append(per_token(fn, (self.head,), self.hidden[:, sl]))
-            self._logprobs = torch.cat(parts, dim=1) * self.mask
+                parts.append(per_token(fn, (self.head,), hidden[:, sl]))
+            self._logprobs = masked(torch.cat(parts, dim=1), self.mask)
         return self._logprobs
 
     def _chunk_logprobs(self, hidden: Tensor, targets: Tensor) -> Tensor:
-        logits = upcast(self.head(hidden)) / self.temperature  # [B, c, V]
+        logits = head_logits(self.head, hidden, self.head_dtype) / self.temperature  # [B, c, V]
         return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [B, c]
 
 
@@ -160,7 +211,8 @@ def splice(embeds: Tensor, mask: Tensor, latents: Latents) -> tuple[Tensor, Tens
 
 def score_completions(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
                       completion_mask: Tensor, *, completion_attention: Tensor | None = None, temperature: float = 1.0,
-                      latents: Latents | None = None, chunk: int = DEFAULT_CHUNK) -> TokenStats:
+                      latents: Latents | None = None, chunk: int = DEFAULT_CHUNK,
+                      head_dtype: torch.dtype | None = torch.float32) -> TokenStats:
     """One forward over [prompt (with latent slots spliced in) ; completion]; stats at the completion positions.
 
     prompt_ids/mask: [B, P] left-padded; completion_ids/mask: [B, T] right-padded;
@@ -184,31 +236,31 @@ def score_completions(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
     hidden = decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=positions(mask)).last_hidden_state
     predicting = hidden[:, P - 1:P + T - 1]  # [B, T, H]: position i predicts token i + 1
     return TokenStats(predicting, head, completion_ids.to(device), completion_mask.to(device).float(), temperature,
-                      chunk)
+                      chunk, head_dtype)
 
 
-def _divergence_chunk(s_head: nn.Module, t_head: nn.Module, temperature: float, estimator: str, topk: int,
-                      alpha: float, s_hidden: Tensor, t_hidden: Tensor) -> Tensor:
-    """Divergence between the student's and the teacher's next-token distributions.   -> [B, c]"""
-    ls = torch.log_softmax(upcast(s_head(s_hidden)) / temperature, dim=-1)  # [B, c, V] student log p
-    lt = torch.log_softmax(upcast(t_head(t_hidden)) / temperature, dim=-1)  # [B, c, V] teacher log q
+def _divergence_chunk(s_head: nn.Module, t_head: nn.Module, s_temperature: float, t_temperature: float,
+                      estimator: str, topk: int, alpha: float, head_dtype, s_hidden: Tensor, t_hidden: Tensor) -> Tensor:
+    """Divergence between the student's and the teacher's next-token distributions, each at its own
+    temperature, exact for -inf logits (0 log 0 = 0).   -> [B, c]"""
+    ls = torch.log_softmax(head_logits(s_head, s_hidden, head_dtype) / s_temperature, dim=-1)  # [B, c, V] student log p
+    lt = torch.log_softmax(head_logits(t_head, t_hidden, head_dtype) / t_temperature, dim=-1)  # [B, c, V] teacher log q
     if estimator == "full" or (estimator == "jsd" and alpha >= 1):  # reverse KL(p || q)
-        return (ls.exp() * (ls - lt)).sum(-1)
+        return xlogy_divergence(ls, lt)
     if estimator == "jsd" and alpha <= 0:  # forward KL(q || p)
-        return (lt.exp() * (lt - ls)).sum(-1)
+        return xlogy_divergence(lt, ls)
     if estimator == "jsd":  # m = alpha q + (1 - alpha) p;  alpha KL(q || m) + (1 - alpha) KL(p || m)
-        lm = torch.logsumexp(torch.stack([lt + math.log(alpha), ls + math.log(1 - alpha)]), dim=0)  # [B, c, V]
-        return alpha * (lt.exp() * (lt - lm)).sum(-1) + (1 - alpha) * (ls.exp() * (ls - lm)).sum(-1)
+        lm = safe_logsumexp(torch.stack([lt + math.log(alpha), ls + math.log(1 - alpha)]), dim=0)  # [B, c, V]
+        return alpha * xlogy_divergence(lt, lm) + (1 - alpha) * xlogy_divergence(ls, lm)
     if estimator == "topk":  # the student's top-k tokens plus one bucket holding the rest of the mass
         k = min(topk, ls.shape[-1])
         idx = ls.detach().topk(k, dim=-1).indices  # [B, c, k]
-        ls_k, lt_k = ls.gather(-1, idx), lt.gather(-1, idx)  # [B, c, k]
-        out = (ls_k.exp() * (ls_k - lt_k)).sum(-1)
+        out = xlogy_divergence(ls.gather(-1, idx), lt.gather(-1, idx))
         if k < ls.shape[-1]:
             in_top = torch.zeros_like(ls, dtype=torch.bool).scatter_(-1, idx, True)
-            ls_tail = ls.masked_fill(in_top, -math.inf).logsumexp(-1)  # [B, c] log of the student's tail mass
-            lt_tail = lt.masked_fill(in_top, -math.inf).logsumexp(-1)
-            out = out + ls_tail.exp() * (ls_tail - lt_tail)
+            ls_tail = safe_logsumexp(ls.masked_fill(in_top, -math.inf), dim=-1, keepdim=True)  # [B, c, 1] log tail mass
+            lt_tail = safe_logsumexp(lt.masked_fill(in_top, -math.inf), dim=-1, keepdim=True)
+            out = out + xlogy_divergence(ls_tail, lt_tail)
         return out
     raise ValueError(f"distillation estimator '{estimator}' is not one of {', '.join(ESTIMATORS)}")
 
@@ -233,19 +285,23 @@ def token_divergence(student: TokenStats, teacher: TokenStats, estimator: str = 
     holds one [B, chunk, V] block per model, never [B, T, V].
     """
     estimator = estimator.value if isinstance(estimator, enum.Enum) else estimator
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"algorithm.distill.alpha: {alpha} is not between 0 (forward KL) and 1 (reverse KL)")
     if estimator == "sampled":
         lp, lq = student.logprobs(), teacher.logprobs()  # [B, T]
         gap = (lp - lq).detach()
-        return (gap + gap * (lp - lp.detach()) - (lq - lq.detach())) * student.mask
+        return masked(gap + gap * (lp - lp.detach()) - (lq - lq.detach()), student.mask)
     if estimator not in ESTIMATORS:
         raise ValueError(f"distillation estimator '{estimator}' is not one of {', '.join(ESTIMATORS)}")
     parts = []
     T = student.hidden.shape[1]
-    fn = functools.partial(_divergence_chunk, student.head, teacher.head, student.temperature, estimator, topk, alpha)
+    fn = functools.partial(_divergence_chunk, student.head, teacher.head, student.temperature, teacher.temperature,
+                           estimator, topk, alpha, student.head_dtype)
+    s_hidden, t_hidden = trained_positions(student.hidden, student.mask), trained_positions(teacher.hidden, student.mask)
     for start in range(0, T, student.chunk):
         sl = slice(start, min(T, start + student.chunk))
-        parts.append(per_token(fn, (student.head, teacher.head), student.hidden[:, sl], teacher.hidden[:, sl]))
-    return torch.cat(parts, dim=1) * student.mask
+        parts.append(per_token(fn, (student.head, teacher.head), s_hidden[:, sl], t_hidden[:, sl]))
+    return masked(torch.cat(parts, dim=1), student.mask)
 
 
 def full_reverse_kl(student: TokenStats, teacher: TokenStats) -> Tensor:

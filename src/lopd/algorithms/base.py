@@ -107,4 +107,7 @@ class Algorithm:
 
 
 def mean_of(x: Tensor, mask: Tensor) -> float:
-    return float((x * mask).sum() / mask.sum().clamp(min=1)) if x.numel() else 0.0
+    """The mean of x over the set entries of mask (a metric)."""
+    from lopd.losses import masked
+
+    return float(masked(x, mask).sum() / mask.sum().clamp(min=1)) if x.numel() else 0.0

@@ -15,6 +15,7 @@ import torch
 from lopd import losses
 from lopd.algorithms.base import Algorithm, Context, mean_of
 from lopd.algorithms.grpo import grpo_loss, reference_for
+from lopd.config import head_dtype_of
 from lopd.teacher import build_teacher
 from lopd.tokens import TokenStats, token_divergence
 
@@ -25,7 +26,7 @@ class SelfDistillation(Algorithm):
         d, pg = self.cfg.algorithm.distill, self.cfg.algorithm.pg
         self.tokenizer = tokenizer
         self.teacher = build_teacher(d.teacher, policy, ema_rate=d.ema_rate, tokenizer=tokenizer,
-                                     temperature=self.cfg.rollout.temperature)
+                                     temperature=self.cfg.rollout.temperature, head_dtype=head_dtype_of(self.cfg))
         self.reference = reference_for(self.cfg, policy, tokenizer) if self.needs_reference() else None
 
     def needs_reference(self) -> bool:

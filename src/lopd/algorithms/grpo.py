@@ -14,7 +14,7 @@ import torch
 
 from lopd import losses
 from lopd.algorithms.base import Algorithm, Context, mean_of
-from lopd.config import KLEstimator
+from lopd.config import KLEstimator, head_dtype_of
 from lopd.teacher import FrozenTeacher
 
 
@@ -35,7 +35,7 @@ class GRPO(Algorithm):
 
 def reference_for(cfg, policy, tokenizer) -> FrozenTeacher:
     """The frozen initial model, scoring at the sampling temperature."""
-    return FrozenTeacher(policy, tokenizer, cfg.rollout.temperature)
+    return FrozenTeacher(policy, tokenizer, cfg.rollout.temperature, head_dtype_of(cfg))
 
 
 def grpo_loss(cfg, batch, advantages, student, reference: FrozenTeacher | None = None):

@@ -30,7 +30,7 @@ learned task-independent context), and `lopd_text`: the same retrieved experienc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -167,8 +167,7 @@ class LOPD(RetrievalMixin, SelfDistillation):
         d, c = self.cfg.algorithm.distill, self.cfg.algorithm.lopd
         w = c.beta / d.coef if d.coef > 0 else 0.0
         h = teacher.hidden
-        return TokenStats(w * h + (1 - w) * h.detach(), teacher.head, teacher.targets, teacher.mask,
-                          teacher.temperature, teacher.chunk)
+        return replace(teacher, hidden=w * h + (1 - w) * h.detach(), _logprobs=None)
 
     def loss(self, batch, ctx: RetrievalContext, student):
         with torch.no_grad():

@@ -123,10 +123,13 @@ class ExperienceBank:
     def _append(self, keys: np.ndarray, lines: list[str]) -> None:
         if self.folder is None:
             return
+        from lopd import failpoints
+
         with open(self._keys_path, "ab") as fk:
             fk.write(np.ascontiguousarray(keys, dtype=np.float32).tobytes())
             fk.flush()
             os.fsync(fk.fileno())
+        failpoints.reached("bank.append")  # keys written, their entries not yet
         with open(self._entries_path, "a", encoding="utf-8") as fe:
             fe.write("".join(line + "\n" for line in lines))
             fe.flush()
