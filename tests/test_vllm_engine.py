@@ -72,7 +72,8 @@ class FakeTokenizer:
 CANNED = json.loads("""{"id": "cmpl-1", "object": "text_completion", "model": "lopd-base", "choices": [
  {"index": 0, "text": "a b", "finish_reason": "stop", "stop_reason": null, "token_ids": [11, 12, 2],
   "logprobs": {"token_logprobs": [-0.5, -1.5, -0.25], "tokens": ["token_id:11", "token_id:12", "token_id:2"],
-               "text_offset": [0, 1, 3], "top_logprobs": [{"token_id:11": -0.5}, {"token_id:12": -1.5}, {"token_id:2": -0.25}]},
+               "text_offset": [0, 1, 3],
+               "top_logprobs": [{"token_id:11": -0.5}, {"token_id:12": -1.5}, {"token_id:2": -0.25}]},
   "prompt_token_ids": [5, 6, 7]},
  {"index": 1, "text": "c d e f", "finish_reason": "length", "stop_reason": null, "token_ids": [13, 14, 15, 16],
   "logprobs": {"token_logprobs": [-1.0, -2.0, -3.0, -4.0], "tokens": [], "text_offset": [], "top_logprobs": []},
@@ -136,7 +137,8 @@ def test_server_command_and_env_from_config():
     assert flags["--logprobs-mode"] == "processed_logprobs" and flags["--generation-config"] == "vllm"
     assert "--enable-lora" in cmd and cmd[cmd.index("--max-lora-rank") + 1] == "32"
     assert cmd[-2:] == ["--max-num-seqs", "64"] and "--enforce-eager" in cmd  # no torch.compile by default
-    assert "--enforce-eager" not in server_command(VLLMServerConfig(model="/m", enforce_eager=False), python="/py", port=1)
+    compiled = server_command(VLLMServerConfig(model="/m", enforce_eager=False), python="/py", port=1)
+    assert "--enforce-eager" not in compiled
     module = server_command(cfg, python="/py", port=8123, launcher="api_server", model="/untied")
     assert module[:5] == ["/py", "-m", "vllm.entrypoints.openai.api_server", "--model", "/untied"]
     assert module[5:] == cmd[5:]
@@ -148,7 +150,8 @@ def test_server_command_and_env_from_config():
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in plain and "VLLM_SERVER_DEV_MODE" not in plain
     plain_cmd = server_command(VLLMServerConfig(model="/m"), python="/py", port=1)
     assert "--enable-lora" not in plain_cmd and "--no-enable-chunked-prefill" not in plain_cmd
-    whole = server_command(VLLMServerConfig(model="/m", chunked_prefill=False, max_model_len=8192), python="/py", port=1)
+    whole = server_command(VLLMServerConfig(model="/m", chunked_prefill=False, max_model_len=8192), python="/py",
+                           port=1)
     assert whole[-3:] == ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"]
     with pytest.raises(ValueError, match="dtype"):
         VLLMServerConfig(model="/m", dtype="int8")
@@ -164,7 +167,11 @@ def _fake_python(tmp_path: Path, body: str) -> str:
 def test_a_server_that_dies_at_start_reports_its_log_tail(tmp_path):
     py = _fake_python(tmp_path, 'echo "loading the model"; echo "RuntimeError: no AVX512 on this CPU" >&2; exit 3')
     with pytest.raises(VLLMServerError, match=r"(?s)exited with code 3.*RuntimeError: no AVX512 on this CPU"):
-        VLLMServer.start(model=str(tmp_path), python=py, launcher="api_server", startup_timeout=30)
+        VLLMServer.start(model=str(tmp_path), python=py, launcher="api_server", startup_timeout=30,
+                         work_dir=str(tmp_path / "w"))
+    with pytest.raises(VLLMServerError, match="cannot start the vLLM server"):
+        VLLMServer.start(model=str(tmp_path), python=str(tmp_path / "no-such-python"), launcher="api_server",
+                         work_dir=str(tmp_path / "w2"))
 
 
 def test_a_server_that_never_answers_times_out_and_is_stopped(tmp_path):
@@ -497,8 +504,9 @@ def test_vllm_lora_rollouts_match_the_trainer_and_sync(qwen3):
         engine.sync(policy)
         second = engine.verify_sync(FIXED, trainer_prompt_logprobs(policy, FIXED))
         assert second["version"] == 2 and second["max_abs_diff"] < 1e-3
-        print(f"\n[vllm lora] startup {startup:.1f}s, sync {sync_s:.2f}s, verify max|diff| {report['max_abs_diff']:.2e}"
-              f" (served vs initial: mean {report['initial_mean_abs_diff']:.2e}, max {moved:.2e}), sampler-vs-forward max|diff| "
+        print(f"\n[vllm lora] startup {startup:.1f}s, sync {sync_s:.2f}s, "
+              f"verify max|diff| {report['max_abs_diff']:.2e} (served vs initial: mean "
+              f"{report['initial_mean_abs_diff']:.2e}, max {moved:.2e}), sampler-vs-forward max|diff| "
               + ", ".join(f"{k}: {v:.1e}" for k, v in gaps.items()) + f", EOS-stopped rows {int(stopped.sum())}/12")
 
 
@@ -530,5 +538,6 @@ def test_vllm_full_weight_sync_reloads_in_place(qwen3):
         sync_s = time.monotonic() - t
         report = engine.verify_sync(FIXED, trained)
         assert report["max_abs_diff"] < 1e-3 and report["initial_mean_abs_diff"] > 1e-2
-        print(f"\n[vllm full] startup {startup:.1f}s, sync {sync_s:.2f}s, verify max|diff| {report['max_abs_diff']:.2e} "
+        print(f"\n[vllm full] startup {startup:.1f}s, sync {sync_s:.2f}s, "
+              f"verify max|diff| {report['max_abs_diff']:.2e} "
               f"(served vs initial: mean {report['initial_mean_abs_diff']:.2e})")

@@ -61,8 +61,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 import warnings
-import weakref
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -152,7 +152,7 @@ class VLLMServerConfig:
     threads: int | None = 1  # OMP_NUM_THREADS of the engine (None: inherit)
     omp_threads_bind: str = "nobind"  # VLLM_CPU_OMP_THREADS_BIND: nobind, auto, or core ids like "0-3"
     seed: int = 0
-    enforce_eager: bool = True  # no torch.compile: starts ~60 s sooner on CPU, decodes as fast here (benchmarks/vllm_cpu.md)
+    enforce_eager: bool = True  # no torch.compile: starts ~60 s sooner on CPU, decodes as fast (vllm_cpu.md)
     chunked_prefill: bool = True  # False: whole prompts only (needed by VLLMEngine(seeded=True))
     max_num_seqs: int | None = None  # sequences decoded at once (vLLM's default when None)
     served_model_name: str = "lopd-base"
@@ -239,8 +239,11 @@ def vllm_python(explicit: str | None = None) -> str:
 
 def detect_launcher(python: str) -> str:
     """'serve' when `python` has the `vllm` distribution (its CLI works), else 'api_server' (vllm-cpu)."""
-    probe = subprocess.run([python, "-c", "import importlib.metadata as m; m.version('vllm')"],
-                           capture_output=True, timeout=60)
+    try:
+        probe = subprocess.run([python, "-c", "import importlib.metadata as m; m.version('vllm')"],
+                               capture_output=True, timeout=60)
+    except OSError as e:
+        raise VLLMServerError(f"cannot run the vLLM interpreter {python!r}: {e}") from None
     return "serve" if probe.returncode == 0 else "api_server"
 
 
@@ -279,7 +282,7 @@ def write_untied_copy(src: str | Path, dst: str | Path) -> Path:
     return dst
 
 
-_LIVE: "weakref.WeakSet[VLLMServer]" = weakref.WeakSet()
+_LIVE: "set[VLLMServer]" = set()  # started and not yet stopped (strong refs: a dropped server is still stopped at exit)
 _HOOKS = {"installed": False, "previous": None}
 
 
@@ -386,9 +389,14 @@ class VLLMServer:
                      served_folder=folder, command=cmd)
         server._log_file = open(log_path, "wb")
         _install_hooks()
-        server.process = subprocess.Popen(cmd, env=server_env(cfg), cwd=work, stdin=subprocess.DEVNULL,
-                                          stdout=server._log_file, stderr=subprocess.STDOUT, start_new_session=True,
-                                          preexec_fn=_child_setup if sys.platform.startswith("linux") else None)
+        try:
+            server.process = subprocess.Popen(cmd, env=server_env(cfg), cwd=work, stdin=subprocess.DEVNULL,
+                                              stdout=server._log_file, stderr=subprocess.STDOUT,
+                                              start_new_session=True,
+                                              preexec_fn=_child_setup if sys.platform.startswith("linux") else None)
+        except OSError as e:
+            server.stop(remove_work_dir=False)
+            raise VLLMServerError(f"cannot start the vLLM server ({' '.join(cmd)}): {e}") from None
         _LIVE.add(server)
         try:
             server.wait_healthy(cfg.startup_timeout)
@@ -763,8 +771,8 @@ class VLLMEngine:
     # -- weight sync
     def _sync_root(self) -> Path:
         if self._sync_dir is None:
-            base = self.server.work_dir if self.server.work_dir is not None else Path(tempfile.mkdtemp(prefix="lopd-sync-"))
-            self._sync_dir = Path(base) / "sync"
+            base = self.server.work_dir
+            self._sync_dir = Path(base if base is not None else tempfile.mkdtemp(prefix="lopd-sync-")) / "sync"
         self._sync_dir.mkdir(parents=True, exist_ok=True)
         return self._sync_dir
 
@@ -786,7 +794,9 @@ class VLLMEngine:
         if cfg is not None and (not cfg.enable_lora or rank > cfg.max_lora_rank):
             raise SyncError(f"the server was started with enable_lora={cfg.enable_lora}, max_lora_rank="
                             f"{cfg.max_lora_rank}; the adapter has rank {rank}")
-        folder = self._sync_root() / f"lora_v{self.version + 1:06d}"
+        # a name never used before, even by an earlier run against the same server: its prefix cache keys
+        # blocks by adapter path
+        folder = self._sync_root() / f"lora_v{self.version + 1:06d}_{uuid.uuid4().hex[:8]}"
         model.save_pretrained(str(folder))
         try:
             self._post("/v1/load_lora_adapter", {"lora_name": self.adapter_name, "lora_path": str(folder.resolve()),
@@ -814,7 +824,7 @@ class VLLMEngine:
             warnings.warn("full-weight sync to a server not started here: it must serve an untied copy of this "
                           "tied-embedding model, or its output head keeps the old weights (verify_sync tells)",
                           stacklevel=2)
-        folder = self._sync_root() / f"full_v{self.version + 1:06d}"
+        folder = self._sync_root() / f"full_v{self.version + 1:06d}_{uuid.uuid4().hex[:8]}"
         save_full_weights(model, folder)
         try:
             self._post("/pause?mode=wait")
