@@ -71,11 +71,11 @@ def test_skill_sd_learns_skills_from_successes_and_retrieves_them(toolworld, tin
     batch = _hand_batch(toolworld)
     ctx = algo.build_context(batch, 1)
     assert ctx.texts == [None] * 6  # an empty library gives no context
-    metrics = algo.remember(batch, ctx, 1)
+    metrics = algo.remember(batch, 1)
     assert metrics["context/skills"] == 1  # one success -> one skill; failures teach nothing
     texts = algo.build_context(batch, 2).texts
     assert all(t is not None and batch.texts[1] in t for t in texts[:3])
-    algo.remember(batch, ctx, 2)
+    algo.remember(batch, 2)
     assert algo.library.size == 1  # deduplicated
     # the library persists in the run directory and a resume forgets skills from redone steps
     again = _algorithm("skill_sd", tiny, toolworld, run=RunDir(tmp_path))

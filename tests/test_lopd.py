@@ -29,7 +29,7 @@ def _mixed(s, tasks):
 def _filled(s, toolworld, offset=0):
     """The session's algorithm after one remembered batch, and a second batch with its retrieval context."""
     tasks = list(toolworld.tasks("train")[offset:offset + 4])
-    s.algorithm.remember(_mixed(s, tasks), None, 1)
+    s.algorithm.remember(_mixed(s, tasks), 1)
     batch = _mixed(s, tasks)
     return batch, s.algorithm.build_context(batch, 2)
 
@@ -51,7 +51,7 @@ def test_latent_teacher_at_gate_zero_equals_the_text_teacher(toolworld, lora, tm
     tasks = list(toolworld.tasks("train")[:4])
     first = _mixed(latent, tasks)
     for s in (latent, text):  # the same bank in both
-        s.algorithm.remember(first, None, 1)
+        s.algorithm.remember(first, 1)
     batch = _mixed(latent, tasks)
     ctx, ctx_text = latent.algorithm.build_context(batch, 2), text.algorithm.build_context(batch, 2)
     assert ctx.retrieved == ctx_text.retrieved and all(ctx.retrieved) and ctx.texts == ctx_text.texts

@@ -160,6 +160,8 @@ class RolloutConfig:
     max_new_tokens: int = _help("longest completion", 64)
     batch_size: int = _help("sequences generated at once", 128)
     max_turns: int = _help("assistant turns per episode in multi-turn envs", 4)
+    seed_per_group: bool = _help("sample each group under its own seed (train seed, step, task): rollouts no longer "
+                                 "depend on batching or on the split over ranks (always on under torchrun)", False)
 
 
 @dataclass

@@ -34,8 +34,9 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from lopd import failpoints
+from lopd import dist, failpoints
 from lopd.algorithms import Algorithm, Context, build_algorithm
+from lopd.dist import World
 from lopd.config import Aggregation, AlgorithmName, Config, head_dtype_of, to_yaml
 from lopd.envs import Env, Task, build_env
 from lopd.errors import ConfigError, LopdError
@@ -94,24 +95,32 @@ def tasks_for_step(tasks: Sequence[Task], step: int, per_step: int, seed: int) -
 
 
 def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatch, ctx: Context,
-           cfg: Config) -> dict[str, float]:
+           cfg: Config, world: World = World()) -> dict[str, float]:
     """(extra + epochs) x minibatches optimizer steps over one rollout batch, with gradient accumulation.
 
+    Data-parallel (`world`): `batch` is this rank's share of the step; minibatches are drawn from the global
+    batch, each micro-batch is weighted by the global token (or sequence) count, and gradients are summed
+    across ranks before clipping, so every rank takes the step one process would.
     Numerical guard: a micro-batch whose loss is not finite is not backpropagated, and an optimizer step
-    whose loss or gradient norm is not finite is skipped (gradients dropped, no step, no scheduler step);
-    `health/skipped_steps` and `health/nonfinite_losses` count them."""
+    whose loss or gradient norm is not finite (on any rank) is skipped (gradients dropped, no step, no
+    scheduler step); `health/skipped_steps` and `health/nonfinite_losses` count them."""
     t, temp, head_dtype = cfg.train, cfg.rollout.temperature, head_dtype_of(cfg)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
     epochs = ctx.extra_passes + t.epochs_per_batch
     passes = epochs * t.minibatches
     device = params[0].device
-    sums: dict[str, float] = {"health/skipped_steps": 0.0, "health/nonfinite_losses": 0.0}
+    first, local_n = world.rank * len(batch), len(batch)  # this rank's rows in the global batch
+    sums: dict[str, float] = {}  # weighted by global weights: summed over ranks at the end
+    shared = {"health/skipped_steps": 0.0, "optim/grad_norm": 0.0}  # identical on every rank
+    bad_losses = 0.0
     for epoch in range(epochs):
-        order = torch.randperm(len(batch)) if t.minibatches > 1 else torch.arange(len(batch))
-        for mb_index in order.chunk(t.minibatches):
+        global_n = local_n * world.size
+        order = torch.randperm(global_n) if t.minibatches > 1 else torch.arange(global_n)
+        for mb_global in order.chunk(t.minibatches):
+            mb_index = mb_global[(mb_global >= first) & (mb_global < first + local_n)] - first
             optimizer.zero_grad(set_to_none=True)
-            weight_total = _weight(batch.select(mb_index), cfg)
+            weight_total = dist.all_sum(world, {"w": _weight(batch.select(mb_index), cfg)})["w"]
             finite = True
             for micro in mb_index.split(t.micro_batch_size):
                 mb, mctx = batch.select(micro).trimmed().to(device), ctx.select(micro).to(device).for_pass(epoch)
@@ -121,7 +130,7 @@ def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatc
                 loss, metrics = algorithm.loss(mb, mctx, student)
                 if not bool(torch.isfinite(loss.detach())):
                     finite = False
-                    sums["health/nonfinite_losses"] += 1
+                    bad_losses += 1
                     continue
                 w = _weight(mb, cfg) / weight_total
                 if loss.requires_grad:  # a pass may train nothing (a frozen composer's composer-only pass)
@@ -129,15 +138,19 @@ def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatc
                 failpoints.reached("update")
                 for k, v in metrics.items():  # averaged over micro-batches (by weight) and passes
                     sums[k] = sums.get(k, 0.0) + v * w / passes
+            finite = not dist.any_true(world, not finite)
+            dist.sum_gradients(world, params)
             norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
             if not finite or not bool(torch.isfinite(norm)):
                 optimizer.zero_grad(set_to_none=True)
-                sums["health/skipped_steps"] += 1
+                shared["health/skipped_steps"] += 1
                 continue
-            sums["optim/grad_norm"] = sums.get("optim/grad_norm", 0.0) + float(norm) / passes
+            shared["optim/grad_norm"] += float(norm) / passes
             optimizer.step()
             scheduler.step()
             algorithm.after_step()
+    sums = dist.all_sum(world, {**sums, "health/nonfinite_losses": bad_losses})
+    sums.update(shared)
     sums["optim/lr"] = scheduler.get_last_lr()[0]
     sums.update(algorithm.after_update(sums))
     return sums
@@ -182,6 +195,7 @@ class Session:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     total_steps: int
+    world: World = World()  # this process's rank among the data-parallel ones
     resumed_from: Path | None = None  # the checkpoint `restore` loaded
     resuming: bool = False  # the run directory existed before this process (a resume or an extension)
 
@@ -197,7 +211,11 @@ def build(cfg: Config, env: Env | None = None) -> Session:
     if total_steps < 1:
         raise ConfigError(f"train.max_rollouts={cfg.train.max_rollouts} is less than one step's rollouts "
                           f"(rollout.tasks_per_step x rollout.group_size = {per_step})")
-    device = pick_device(cfg.train.device)
+    world = dist.init(cfg.train.device)
+    if cfg.rollout.tasks_per_step % world.size:
+        raise ConfigError(f"rollout.tasks_per_step={cfg.rollout.tasks_per_step} does not split over {world.size} "
+                          f"ranks (whole sampling groups stay on one rank)")
+    device = dist.device_for(world, cfg.train.device)
     seed_everything(cfg.train.seed)
     if env is not None:
         record_env(cfg, env)
@@ -207,11 +225,16 @@ def build(cfg: Config, env: Env | None = None) -> Session:
     for split in cfg.env.eval_splits:  # fail now, not after an hour, on a bad split name or data file
         env_tasks(env, split, "env.eval_splits")
     model, tokenizer = load_policy(cfg.model, device)
-    run = RunDir(run_dir_for(cfg))
+    run = RunDir(run_dir_for(cfg), writer=world.main)
     algorithm = build_algorithm(cfg)
-    run.acquire()  # before the algorithm opens its bank or library there
+    if world.main:
+        run.acquire()  # before the algorithm opens its bank or library there
     try:
+        if not world.main:
+            dist.barrier(world)  # rank 0 has opened (and repaired) the run's files: now read them
         algorithm.setup(policy=model, tokenizer=tokenizer, env=env, run=run, device=device)
+        if world.main:
+            dist.barrier(world)
     except BaseException:
         run.release()
         raise
@@ -220,7 +243,8 @@ def build(cfg: Config, env: Env | None = None) -> Session:
                                   weight_decay=cfg.optim.weight_decay)
     warmup = max(1, cfg.optim.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
-    return Session(cfg, run, device, env, train_tasks, model, tokenizer, algorithm, optimizer, scheduler, total_steps)
+    return Session(cfg, run, device, env, train_tasks, model, tokenizer, algorithm, optimizer, scheduler, total_steps,
+                   world)
 
 
 def env_tasks(env: Env, split: str, key: str) -> Sequence[Task]:
@@ -254,21 +278,24 @@ def restore(session: Session) -> RunState:
     """The state of the newest checkpoint that verifies (weights, optimizer, scheduler, RNG, the algorithm's
     state), or a fresh one; either way, what the run wrote after that point is removed, the metrics rows are
     the checkpoint's own (so no torn or lost row survives), and stale temporary folders are gone."""
-    run, state = session.run, RunState()
-    run.remove_stale()
-    checkpoint = run.latest_checkpoint(warn_about=True)
+    run, state, world = session.run, RunState(), session.world
+    if world.main:
+        run.remove_stale()
+    checkpoint = dist.broadcast(world, run.latest_checkpoint(warn_about=True) if world.main else None)
     saved: dict = {}
     if checkpoint is not None:
         saved = run.load_checkpoint(checkpoint, session.model, session.optimizer)
         session.scheduler.load_state_dict(saved["scheduler"])
         state = RunState(**saved["run"])
     session.algorithm.load_state_dict(saved.get("algorithm", {}), state.step)
-    rows = saved.get("metrics")
-    if rows is None:  # a fresh start, or a checkpoint from before checkpoints held their rows
-        rows = [r for r in run.read_metrics(warn_about=True) if r["step"] <= state.step] if checkpoint else []
-    run.restore_metrics(rows)
-    run.remove_after(state.step, state.rollouts)
+    if world.main:
+        rows = saved.get("metrics")
+        if rows is None:  # a fresh start, or a checkpoint from before checkpoints held their rows
+            rows = [r for r in run.read_metrics(warn_about=True) if r["step"] <= state.step] if checkpoint else []
+        run.restore_metrics(rows)
+        run.remove_after(state.step, state.rollouts)
     session.resumed_from = checkpoint
+    dist.barrier(world)
     return state
 
 
@@ -277,8 +304,9 @@ def train(cfg: Config, *, env: Env | None = None, stop_after: int | None = None,
     many steps without a final checkpoint, as a crash would (tests use it)."""
     session = build(cfg, env)
     try:
-        session.resuming = session.run.exists()
-        session.run.config_path.write_text(to_yaml(cfg))
+        session.resuming = dist.broadcast(session.world, session.run.exists())
+        if session.world.main:
+            session.run.config_path.write_text(to_yaml(cfg))
         state = restore(session)
         return fit(session, state, stop_after=stop_after, quiet=quiet)
     finally:
@@ -288,14 +316,21 @@ def train(cfg: Config, *, env: Env | None = None, stop_after: int | None = None,
 def fit(session: Session, state: RunState, *, stop_after: int | None = None, quiet: bool = False) -> Path:
     """The loop, from `state` to the end of the budget. How the process ends (finished, crashed and why,
     interrupted) is recorded in the run's status.json; the next start reports it in resumes.log."""
-    cfg, run, algorithm, model = session.cfg, session.run, session.algorithm, session.model
-    run.begin(session.resumed_from, session.resuming)
-    (run.path / "finished").unlink(missing_ok=True)
-    writer = _tensorboard(run, cfg, purge_step=state.rollouts + 1 if session.resumed_from is not None else None)
-    history = run.read_metrics()
+    cfg, run, algorithm, model, world = session.cfg, session.run, session.algorithm, session.model, session.world
+    main = world.main  # rank 0 evaluates, checkpoints and logs; every rank trains
+    if main:
+        run.begin(session.resumed_from, session.resuming)
+        (run.path / "finished").unlink(missing_ok=True)
+    purge = state.rollouts + 1 if session.resumed_from is not None else None
+    writer = _tensorboard(run, cfg, purge_step=purge) if main else None
+    history = run.read_metrics() if main else []
+    per_group_seeds = cfg.rollout.seed_per_group or world.distributed
+    pad = session.tokenizer.pad_token_id
 
     def log(row: dict) -> dict:
         row = {"step": state.step, "rollouts": state.rollouts, "tokens": state.tokens, **row}
+        if not main:
+            return row
         run.log(row)
         history.append(row)
         if writer is not None:
@@ -307,7 +342,7 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
     def run_eval(timer: Timer) -> dict[str, float]:
         out = {}
         with timer("eval"):
-            for split in cfg.env.eval_splits:
+            for split in cfg.env.eval_splits if main else []:
                 result = evaluate(model, session.tokenizer, session.env, split, max_tasks=cfg.eval.max_tasks,
                                   temperature=cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
                                   batch_size=cfg.eval.batch_size, seed=cfg.train.seed, max_turns=cfg.rollout.max_turns)
@@ -317,9 +352,10 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
                 with open(run.path / "samples" / f"{split}_step{state.step:06d}.jsonl", "w") as f:
                     f.writelines(json.dumps(s) + "\n" for s in result.samples)
                 failpoints.reached("eval")
+            dist.barrier(world)  # the other ranks wait for rank 0's evaluation
         return out
 
-    progress = _Progress(cfg, session.total_steps, quiet or not cfg.run.progress)
+    progress = _Progress(cfg, session.total_steps, quiet or not cfg.run.progress or not main)
     steps_here = 0
     with _terminated_as_interrupt():
         try:
@@ -331,28 +367,33 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
                 timer = Timer()
                 step = state.step + 1
                 tasks = tasks_for_step(session.train_tasks, state.step, cfg.rollout.tasks_per_step, cfg.train.seed)
-                batch = collect(model, session.tokenizer, session.env, tasks, cfg.rollout, timer)
+                mine = dist.share(tasks, world)  # whole groups: this rank's contiguous block of the step's tasks
+                first = world.rank * len(mine)
+                seeds = [group_seed(cfg.train.seed, step, first + i) for i in range(len(mine))] if per_group_seeds else None
+                batch = collect(model, session.tokenizer, session.env, mine, cfg.rollout, timer, seeds=seeds,
+                                first_group=first)
                 failpoints.reached("rollout")
                 with timer("context"):
                     ctx = algorithm.build_context(batch, step)
                 with timer("update"):
-                    metrics = update(model, algorithm, session.optimizer, session.scheduler, batch, ctx, cfg)
+                    metrics = update(model, algorithm, session.optimizer, session.scheduler, batch, ctx, cfg, world)
+                everyone = RolloutBatch.concat(dist.gather(world, batch), pad)  # the whole step, in rank order
                 with timer("remember"):
-                    metrics.update(algorithm.remember(batch, ctx, step))
+                    metrics.update(algorithm.remember(everyone, step))
                 failpoints.reached("remember")
                 prev = state.rollouts
                 state.step = step
-                state.rollouts += len(batch)
-                state.tokens += batch.num_tokens
+                state.rollouts += len(everyone)
+                state.tokens += everyone.num_tokens
                 state.bad_streak = state.bad_streak + 1 if metrics["health/skipped_steps"] else 0
-                row = {"kind": "train", **batch_metrics(batch, cfg), **ctx.metrics, **metrics}
+                row = {"kind": "train", **batch_metrics(everyone, cfg), **dist.all_mean(world, ctx.metrics), **metrics}
                 if session.device.type == "cuda":
                     row["memory/peak_gib"] = torch.cuda.max_memory_allocated(session.device) / 2**30
                 every = cfg.eval.every_rollouts
                 if state.step == session.total_steps or (every and state.rollouts // every > prev // every):
                     row.update({"kind": "train+eval", **run_eval(timer)})
                 pending = None
-                if state.step % cfg.run.checkpoint_every == 0 or state.step == session.total_steps:
+                if main and (state.step % cfg.run.checkpoint_every == 0 or state.step == session.total_steps):
                     with timer("checkpoint"):
                         pending = run.save_checkpoint(state.step, model, session.optimizer, {
                             "scheduler": session.scheduler.state_dict(), "algorithm": algorithm.state_dict(),
@@ -373,27 +414,38 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
                                     f"and resume with `lopd train {run.path}`")
                 steps_here += 1
                 if stop_after is not None and steps_here >= stop_after and state.step < session.total_steps:
-                    run.end("interrupted", f"stop_after={stop_after} steps")
+                    if main:
+                        run.end("interrupted", f"stop_after={stop_after} steps")
                     return run.path
         except KeyboardInterrupt as e:
             progress.stop()
-            run.end("interrupted", "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C")
-            print(f"interrupted: resume with `lopd train {run.path}` (from the last checkpoint)")
+            if main:
+                run.end("interrupted", "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C")
+                print(f"interrupted: resume with `lopd train {run.path}` (from the last checkpoint)")
             raise
         except BaseException as e:
             progress.stop()
-            run.end("crashed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} (at step {state.step + 1})")
+            if main:
+                run.end("crashed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                                   f"(at step {state.step + 1})")
             raise
         finally:
             progress.stop()
             if writer is not None:
                 writer.close()
-    from lopd.report import write_run_report
+    if main:
+        from lopd.report import write_run_report
 
-    write_run_report(run.path)
-    run.end("finished")
-    (run.path / "finished").write_text(str(cfg.train.max_rollouts))  # last: the run is complete
+        write_run_report(run.path)
+        run.end("finished")
+        (run.path / "finished").write_text(str(cfg.train.max_rollouts))  # last: the run is complete
+    dist.barrier(world)
     return run.path
+
+
+def group_seed(seed: int, step: int, task: int) -> int:
+    """The sampling seed of one group: a function of (train seed, step, task position) only."""
+    return (seed * 1_000_003 + step * 10_007 + task) % 2**62
 
 
 class Terminated(KeyboardInterrupt):

@@ -69,6 +69,16 @@ class RolloutBatch(Samples):
             out.completion_attention = self.completion_attention[:, :last]
         return out
 
+    @staticmethod
+    def concat(batches: Sequence["RolloutBatch"], pad: int) -> "RolloutBatch":
+        """One batch of several (a step's shares, gathered from the ranks in rank order)."""
+        if len(batches) == 1:
+            return batches[0]
+        s = _concat(list(batches), pad)
+        return RolloutBatch(**vars(s), tasks=[t for b in batches for t in b.tasks],
+                            group=torch.cat([b.group for b in batches]), rewards=torch.cat([b.rewards for b in batches]),
+                            success=torch.cat([b.success for b in batches]), feedback=[f for b in batches for f in b.feedback])
+
     def to(self, device: torch.device | str) -> "RolloutBatch":
         """The same batch with every tensor on `device` (batches are built on the CPU)."""
         values = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -142,7 +152,8 @@ def sample(model, tokenizer, prompts: Sequence[Sequence[int]], *, temperature: f
 
 def _concat(chunks: list[Samples], pad: int) -> Samples:
     P = max(c.prompt_ids.shape[1] for c in chunks)
-    C = max(int(c.completion_mask.sum(-1).max()) for c in chunks)
+    used = [c.attention.any(0).nonzero() for c in chunks]  # columns some row attends to
+    C = max(int(u[-1]) + 1 if len(u) else 0 for u in used)  # (episodes: observations included)
 
     def fit(x: torch.Tensor, width: int, value: int | float, left: bool) -> torch.Tensor:
         x = x[:, :width] if not left else x
@@ -152,7 +163,11 @@ def _concat(chunks: list[Samples], pad: int) -> Samples:
         filler = torch.full((x.shape[0], gap), value, dtype=x.dtype)
         return torch.cat([filler, x] if left else [x, filler], dim=1)
 
+    attention = None
+    if any(c.completion_attention is not None for c in chunks):
+        attention = torch.cat([fit(c.attention, C, 0, False) for c in chunks])
     return Samples(
+        completion_attention=attention,
         prompt_ids=torch.cat([fit(c.prompt_ids, P, pad, True) for c in chunks]),
         prompt_mask=torch.cat([fit(c.prompt_mask, P, 0, True) for c in chunks]),
         completion_ids=torch.cat([fit(c.completion_ids, C, pad, False) for c in chunks]),
@@ -243,34 +258,54 @@ def score_all(env: Env, tasks: Sequence[Task], completions: Sequence[str]) -> li
 
 def sample_and_score(model, tokenizer, env: Env, tasks: Sequence[Task], *, group_size: int = 1,
                      temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 64, batch_size: int = 128,
-                     max_turns: int = 4, timer=None) -> RolloutBatch:
+                     max_turns: int = 4, timer=None, seeds: Sequence[int] | None = None,
+                     first_group: int = 0) -> RolloutBatch:
     """`group_size` trajectories per task, sampled from the policy (temperature 0: greedy) and scored by
     the env, as a `RolloutBatch`; the one path of training rollouts and held-out evaluation. Envs with a
-    `step` method run as multi-turn episodes; the others answer in one completion."""
+    `step` method run as multi-turn episodes; the others answer in one completion.
+
+    `seeds`: one per task; each group is then sampled on its own, under its seed (the global RNG is left as
+    it was), so a group's samples do not depend on which other tasks share the batch or the rank.
+    `first_group`: the group id of the first task (a rank's share of a step keeps the global ids)."""
     from contextlib import nullcontext
 
     phase = timer or (lambda name: nullcontext())
     owners = [t for t in tasks for _ in range(group_size)]
     kw = dict(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, batch_size=batch_size)
-    with phase("rollout"):
+
+    def draw(some: Sequence[Task]):
         if hasattr(env, "step"):
-            s, episodes = sample_episodes(model, tokenizer, env, owners, max_turns=max_turns, **kw)
+            return sample_episodes(model, tokenizer, env, [t for t in some for _ in range(group_size)],
+                                   max_turns=max_turns, **kw)
+        prompts = [encode_prompt(tokenizer, t.messages) for t in some]
+        return sample(model, tokenizer, [p for p in prompts for _ in range(group_size)], **kw), None
+
+    with phase("rollout"):
+        if seeds is None:
+            s, episodes = draw(tasks)
         else:
-            prompts = [encode_prompt(tokenizer, t.messages) for t in tasks]
-            s, episodes = sample(model, tokenizer, [p for p in prompts for _ in range(group_size)], **kw), None
+            parts = []
+            for task, seed in zip(tasks, seeds):
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(seed)
+                    parts.append(draw([task]))
+            s = _concat([p[0] for p in parts], tokenizer.pad_token_id)
+            episodes = None if parts[0][1] is None else [h for p in parts for h in p[1]]
     with phase("score"):
         if episodes is not None:
             scores = [env.score_episode(t, h) for t, h in zip(owners, episodes)]
         else:
             scores = score_all(env, owners, s.texts)
-    return RolloutBatch(**vars(s), tasks=owners, group=torch.arange(len(tasks)).repeat_interleave(group_size),
+    groups = torch.arange(first_group, first_group + len(tasks)).repeat_interleave(group_size)
+    return RolloutBatch(**vars(s), tasks=owners, group=groups,
                         rewards=torch.tensor([sc.reward for sc in scores], dtype=torch.float32),
                         success=torch.tensor([sc.success for sc in scores], dtype=torch.bool),
                         feedback=[sc.feedback for sc in scores])
 
 
-def collect(model, tokenizer, env: Env, tasks: Sequence[Task], cfg, timer=None) -> RolloutBatch:
+def collect(model, tokenizer, env: Env, tasks: Sequence[Task], cfg, timer=None, seeds: Sequence[int] | None = None,
+            first_group: int = 0) -> RolloutBatch:
     """Training rollouts: `sample_and_score` with a `RolloutConfig`'s settings."""
     return sample_and_score(model, tokenizer, env, tasks, group_size=cfg.group_size, temperature=cfg.temperature,
                             top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
-                            max_turns=cfg.max_turns, timer=timer)
+                            max_turns=cfg.max_turns, timer=timer, seeds=seeds, first_group=first_group)

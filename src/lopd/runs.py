@@ -133,9 +133,11 @@ def _step_of(p: Path) -> int:
 
 
 class RunDir:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, writer: bool = True):
+        """`writer`: this process writes the run (False on data-parallel ranks other than 0, which read it)."""
         self.path = Path(path)
         self.checkpoints = self.path / "checkpoints"
+        self.writer = writer
         self._lock_fd: int | None = None
 
     config_path = property(lambda self: self.path / "config.yaml")

@@ -8,7 +8,7 @@ The training loop calls, for every rollout batch of step `step` (1-based):
                                                               scores its own teacher / reference
         ... backward; after each optimizer step: algorithm.after_step()
     metrics |= algorithm.after_update(update_metrics)  once the batch's optimizer steps are done
-    metrics |= algorithm.remember(batch, ctx, step)    store what later batches retrieve
+    metrics |= algorithm.remember(batch, step)         store what later batches retrieve
 
 and never branches on which algorithm it runs. Everything a batch needs travels in its `Context`
 (or in return values); an algorithm's own state across batches (a bank, a composer, lambda) is in
@@ -95,8 +95,9 @@ class Algorithm:
         ascent on lambda reads its constraint from them). Returns metrics to log."""
         return {}
 
-    def remember(self, batch: "RolloutBatch", ctx: Context, step: int) -> dict[str, float]:
-        """Store what later batches may retrieve (LOPD's experiences, Skill-SD's skills). Returns metrics."""
+    def remember(self, batch: "RolloutBatch", step: int) -> dict[str, float]:
+        """Store what later batches may retrieve (LOPD's experiences, Skill-SD's skills). `batch` is the
+        whole step's (gathered from every rank in data-parallel runs). Returns metrics."""
         return {}
 
     def state_dict(self) -> dict:

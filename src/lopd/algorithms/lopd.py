@@ -71,7 +71,7 @@ class RetrievalMixin:
                                 metrics=self.memory.metrics(batch, found), retrieved=found.index,
                                 similarity=found.similarity)
 
-    def remember(self, batch, ctx, step):
+    def remember(self, batch, step):
         self.memory.remember(batch, step)
         return {}
 
@@ -120,8 +120,8 @@ class LOPD(RetrievalMixin, SelfDistillation):
         ctx.extra_passes = c.composer_passes
         return ctx
 
-    def remember(self, batch, ctx, step):
-        return super().remember(batch, ctx, step) if self.cfg.algorithm.lopd.retrieve else {}
+    def remember(self, batch, step):
+        return super().remember(batch, step) if self.cfg.algorithm.lopd.retrieve else {}
 
     def compose(self, ctx: RetrievalContext, attention: list | None = None) -> torch.Tensor:
         """The slots' values for a micro-batch: [b, K, H] (see `Composer`)."""

@@ -42,7 +42,8 @@ class SkillSD(SelfDistillation):
         self.embedder = build_embedder(r.embedder, r.embedder_path, self.reference or self.teacher, self.tokenizer)
         run = runtime.get("run")
         folder = run.path / "skills" if run is not None else None
-        self.library = ExperienceBank(self.embedder.dim, folder, capacity=self.cfg.algorithm.skill.capacity)
+        self.library = ExperienceBank(self.embedder.dim, folder, capacity=self.cfg.algorithm.skill.capacity,
+                                      readonly=run is not None and not run.writer)
 
     def contexts(self, batch, step):
         k = self.cfg.algorithm.skill
@@ -52,7 +53,7 @@ class SkillSD(SelfDistillation):
         by_text = {t: [self.library.entries[i].trajectory for i in idx] for t, idx in zip(unique, found.index)}
         return [context_skills(by_text[t]) if by_text[t] else None for t in texts]
 
-    def remember(self, batch, ctx, step):
+    def remember(self, batch, step):
         known = {e.trajectory for e in self.library.entries}
         new: list[Experience] = []
         wins = [i for i, ok in enumerate(batch.success.tolist()) if ok]

@@ -50,7 +50,8 @@ class Retrieved:
 class ExperienceBank:
     def __init__(self, dim: int, folder: str | Path | None = None, capacity: int = 0,
                  eviction: Eviction | str = Eviction.fifo, readonly: bool = False):
-        """`readonly`: load `folder` as it is (a live run's bank, for inspection) and never write to it."""
+        """`readonly`: load `folder` as it is and never write to it (a live run's bank under inspection, or a
+        data-parallel rank other than 0, which mirrors rank 0's bank in memory)."""
         self.readonly = readonly
         self.dim, self.capacity, self.eviction = dim, capacity, choice(Eviction, eviction, "algorithm.lopd.eviction")
         self.entries: list[Experience] = []
@@ -120,8 +121,12 @@ class ExperienceBank:
             self._rewrite()
         self._reindex()
 
+    @property
+    def writes(self) -> bool:
+        return self.folder is not None and not self.readonly
+
     def _append(self, keys: np.ndarray, lines: list[str]) -> None:
-        if self.folder is None:
+        if not self.writes:
             return
         from lopd import failpoints
 
@@ -149,8 +154,6 @@ class ExperienceBank:
 
     def add(self, experiences: Sequence[Experience], keys: np.ndarray) -> list[int]:
         """Append entries with their unit keys [N, dim]; evicts beyond capacity. Returns the new ids."""
-        if self.readonly:
-            raise RuntimeError(f"{self.folder}: a read-only bank takes no entries")
         keys = np.asarray(keys, dtype=np.float32).reshape(-1, self.dim)
         assert len(keys) == len(experiences)
         start = len(self.entries)
@@ -177,13 +180,13 @@ class ExperienceBank:
             rewards = np.array([self.entries[i].reward for i in live])
             victims = live[np.lexsort((live, rewards))[:excess]]
         self.alive[victims] = False
-        if self.folder is not None:
+        if self.writes:
             with open(self._entries_path, "a", encoding="utf-8") as f:
                 f.writelines(json.dumps({"evict": int(i)}) + "\n" for i in victims)
                 f.flush()
                 os.fsync(f.fileno())
-            if (~self.alive).sum() > max(1000, self.capacity):  # keep the files from growing without bound
-                self._compact()
+        if (~self.alive).sum() > max(1000, self.capacity):  # keep the files from growing without bound
+            self._compact()
 
     def _compact(self) -> None:
         keep = np.flatnonzero(self.alive)
@@ -193,7 +196,8 @@ class ExperienceBank:
         self.keys = self.keys[keep]
         self.alive = np.ones(len(keep), dtype=bool)
         self._reindex()
-        self._rewrite()
+        if self.writes:
+            self._rewrite()
 
     def truncate_after(self, step: int) -> None:
         """Forget entries written after `step` (a resumed run redoes those steps)."""
@@ -206,7 +210,7 @@ class ExperienceBank:
         for new_id, e in enumerate(self.entries):
             e.id = new_id
         self._reindex()
-        if self.folder is not None:
+        if self.writes:
             self._rewrite()
 
     # ------------------------------------------------------------------ reading

@@ -27,7 +27,8 @@ class ExperienceMemory:
         self.cfg = c
         self.embedder = build_embedder(r.embedder, r.embedder_path, reference, tokenizer)
         folder = run.path / "bank" if run is not None else None
-        self.bank = ExperienceBank(self.embedder.dim, folder, capacity=c.bank_capacity, eviction=c.eviction)
+        self.bank = ExperienceBank(self.embedder.dim, folder, capacity=c.bank_capacity, eviction=c.eviction,
+                                   readonly=run is not None and not run.writer)
 
     def remember(self, batch, step: int) -> list[int]:
         """Store the batch's trajectories; returns their bank ids (-1 for the ones not kept)."""
