@@ -541,3 +541,46 @@ def test_vllm_full_weight_sync_reloads_in_place(qwen3):
         print(f"\n[vllm full] startup {startup:.1f}s, sync {sync_s:.2f}s, "
               f"verify max|diff| {report['max_abs_diff']:.2e} "
               f"(served vs initial: mean {report['initial_mean_abs_diff']:.2e})")
+
+
+def _vllm_interpreter() -> str | None:
+    from lopd.engines.vllm import VLLMServerError, vllm_python
+
+    try:
+        python = vllm_python()
+    except VLLMServerError:
+        return None
+    ok = subprocess.run([python, "-c", "import vllm"], capture_output=True).returncode == 0
+    return python if ok else None
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("lora", [True, False])
+def test_lopd_train_with_the_vllm_engine(tmp_path, lora):
+    """`lopd train ... rollout.engine=vllm`: the run starts a server (vLLM's own interpreter), syncs the weights
+    before every step's rollouts (LoRA hot-loaded, or full weights reloaded), checks that the server samples
+    the current policy, corrects the sampler/trainer mismatch with truncated importance weights, and stops
+    the server at the end."""
+    python = _vllm_interpreter()
+    if python is None:
+        pytest.skip("no Python with vllm (bash scripts/setup_vllm_venv.sh builds .venv-vllm)")
+    from lopd.models import save_random_backbone
+    from lopd.runs import RunDir
+
+    folder = save_random_backbone(tmp_path / "qwen3", "qwen3", hidden=128, heads=2, kv_heads=1, layers=2,
+                                  intermediate=256)  # head size 64, which vLLM's CPU attention accepts
+    run_dir = tmp_path / "run"
+    args = ["train", "--config", "grpo", f"model.name={folder}", f"model.lora.enabled={str(lora).lower()}",
+            "rollout.engine=vllm", f"rollout.vllm_python={python}", f"run.dir={run_dir}", "run.progress=false",
+            "rollout.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=24", "train.max_rollouts=24",
+            "eval.every_rollouts=0", "eval.max_tasks=4", "env.toolworld.n_train=40", "env.toolworld.n_test=8",
+            "env.toolworld.n_transfer=8", "optim.lr=1e-2"]
+    out = subprocess.run([sys.executable, "-m", "lopd.cli", *args], capture_output=True, text=True, timeout=1200,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [r for r in RunDir(run_dir).read_metrics() if r["kind"].startswith("train")]
+    assert len(rows) == 3
+    gaps = [r["rollout/sync_logprob_gap"] for r in rows if "rollout/sync_logprob_gap" in r]
+    assert len(gaps) == 2 and max(gaps) < 1e-3  # the served policy is the trainer's, after the first update too
+    assert all(abs(r["rollout/is_weight_mean"] - 1) < 1e-2 and r["rollout/sampler_trainer_gap"] < 1e-3 for r in rows)
+    assert rows[-1]["optim/grad_norm"] >= 0

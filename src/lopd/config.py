@@ -151,6 +151,11 @@ class EnvConfig:
     humaneval: HumanEvalConfig = field(default_factory=HumanEvalConfig)
 
 
+class RolloutEngine(str, enum.Enum):
+    hf = "hf"  # Hugging Face generate in the trainer's process (KV cache)
+    vllm = "vllm"  # a vLLM server (started by the run, or rollout.vllm_url), weights synced every step
+
+
 @dataclass
 class RolloutConfig:
     tasks_per_step: int = _help("tasks sampled per training step", 16)
@@ -162,6 +167,14 @@ class RolloutConfig:
     max_turns: int = _help("assistant turns per episode in multi-turn envs", 4)
     seed_per_group: bool = _help("sample each group under its own seed (train seed, step, task): rollouts no longer "
                                  "depend on batching or on the split over ranks (always on under torchrun)", False)
+    engine: RolloutEngine = _help("what samples the rollouts (evaluation always uses the trainer's model)", RolloutEngine.hf)
+    vllm_url: str = _help("a running vLLM server to use (empty: the run starts one on 127.0.0.1 and stops it)", "")
+    vllm_python: str = _help("the Python that has vllm, for the server (empty: $LOPD_VLLM_PYTHON, this one, "
+                             "or .venv-vllm)", "")
+    vllm_dtype: str = _help("the server's dtype: float32, bfloat16 or float16", "float32")
+    vllm_verify_every: int = _help("check every this many syncs that the server samples the current policy "
+                                   "(log-probs of a fixed prompt; 0 = only the first)", 0)
+    is_cap: float = _help("cap of the truncated importance weights pi_trainer / pi_sampler (vllm engine)", 2.0)
 
 
 @dataclass

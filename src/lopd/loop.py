@@ -42,6 +42,7 @@ from lopd.envs import Env, Task, build_env
 from lopd.errors import ConfigError, LopdError
 from lopd.evaluation import evaluate
 from lopd.models import load_policy, trainable_parameters
+from lopd.prompts import encode_prompt
 from lopd.rollout import RolloutBatch, collect
 from lopd.runs import RunDir, seed_everything
 from lopd.tokens import score_completions
@@ -196,6 +197,7 @@ class Session:
     scheduler: Any
     total_steps: int
     world: World = World()  # this process's rank among the data-parallel ones
+    engine: Any = None  # a rollout engine other than HF generate (lopd.engines.RolloutSync), or None
     resumed_from: Path | None = None  # the checkpoint `restore` loaded
     resuming: bool = False  # the run directory existed before this process (a resume or an extension)
 
@@ -243,8 +245,10 @@ def build(cfg: Config, env: Env | None = None) -> Session:
                                   weight_decay=cfg.optim.weight_decay)
     warmup = max(1, cfg.optim.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    from lopd.engines import rollout_engine
+
     return Session(cfg, run, device, env, train_tasks, model, tokenizer, algorithm, optimizer, scheduler, total_steps,
-                   world)
+                   world, rollout_engine(cfg, model, tokenizer))
 
 
 def env_tasks(env: Env, split: str, key: str) -> Sequence[Task]:
@@ -311,6 +315,8 @@ def train(cfg: Config, *, env: Env | None = None, stop_after: int | None = None,
         return fit(session, state, stop_after=stop_after, quiet=quiet)
     finally:
         session.run.release()
+        if session.engine is not None:
+            session.engine.close()
 
 
 def fit(session: Session, state: RunState, *, stop_after: int | None = None, quiet: bool = False) -> Path:
@@ -325,7 +331,7 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
     writer = _tensorboard(run, cfg, purge_step=purge) if main else None
     history = run.read_metrics() if main else []
     per_group_seeds = cfg.rollout.seed_per_group or world.distributed
-    pad = session.tokenizer.pad_token_id
+    pad, engine = session.tokenizer.pad_token_id, session.engine
 
     def log(row: dict) -> dict:
         row = {"step": state.step, "rollouts": state.rollouts, "tokens": state.tokens, **row}
@@ -370,8 +376,15 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
                 mine = dist.share(tasks, world)  # whole groups: this rank's contiguous block of the step's tasks
                 first = world.rank * len(mine)
                 seeds = [group_seed(cfg.train.seed, step, first + i) for i in range(len(mine))] if per_group_seeds else None
+                engine_metrics: dict[str, float] = {}
+                if engine is not None:
+                    with timer("sync"):
+                        engine_metrics = engine.sync(model, encode_prompt(session.tokenizer, session.train_tasks[0].messages))
                 batch = collect(model, session.tokenizer, session.env, mine, cfg.rollout, timer, seeds=seeds,
-                                first_group=first)
+                                first_group=first, sampler=engine.sample if engine is not None else None)
+                if engine is not None:
+                    with timer("correct"):
+                        engine_metrics.update(engine.correct(model, batch, cfg.train.micro_batch_size, head_dtype_of(cfg)))
                 failpoints.reached("rollout")
                 with timer("context"):
                     ctx = algorithm.build_context(batch, step)
@@ -386,7 +399,8 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
                 state.rollouts += len(everyone)
                 state.tokens += everyone.num_tokens
                 state.bad_streak = state.bad_streak + 1 if metrics["health/skipped_steps"] else 0
-                row = {"kind": "train", **batch_metrics(everyone, cfg), **dist.all_mean(world, ctx.metrics), **metrics}
+                row = {"kind": "train", **batch_metrics(everyone, cfg), **dist.all_mean(world, {**ctx.metrics, **engine_metrics}),
+                       **metrics}
                 if session.device.type == "cuda":
                     row["memory/peak_gib"] = torch.cuda.max_memory_allocated(session.device) / 2**30
                 every = cfg.eval.every_rollouts

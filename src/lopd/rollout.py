@@ -52,6 +52,8 @@ class RolloutBatch(Samples):
     rewards: torch.Tensor = None  # [B]
     success: torch.Tensor = None  # [B] bool
     feedback: list[str] = field(default_factory=list)
+    # [B, T] truncated importance weights pi_trainer / pi_sampler, when another engine sampled (vLLM); None = 1
+    is_weights: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -67,6 +69,8 @@ class RolloutBatch(Samples):
         out.sampler_logprobs = self.sampler_logprobs[:, :last]
         if self.completion_attention is not None:
             out.completion_attention = self.completion_attention[:, :last]
+        if self.is_weights is not None:
+            out.is_weights = self.is_weights[:, :last]
         return out
 
     @staticmethod
@@ -94,7 +98,8 @@ class RolloutBatch(Samples):
             truncated=self.truncated[index],
             completion_attention=None if self.completion_attention is None else self.completion_attention[index],
             tasks=[self.tasks[i] for i in idx], group=self.group[index],
-            rewards=self.rewards[index], success=self.success[index], feedback=[self.feedback[i] for i in idx])
+            rewards=self.rewards[index], success=self.success[index], feedback=[self.feedback[i] for i in idx],
+            is_weights=None if self.is_weights is None else self.is_weights[index])
 
 
 def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,7 +183,8 @@ def _concat(chunks: list[Samples], pad: int) -> Samples:
 
 
 def sample_episodes(model, tokenizer, env: Env, tasks: Sequence[Task], *, max_turns: int, temperature: float = 1.0,
-                    top_p: float = 1.0, max_new_tokens: int = 64, batch_size: int = 128) -> tuple[Samples, list[list[dict]]]:
+                    top_p: float = 1.0, max_new_tokens: int = 64, batch_size: int = 128,
+                    sampler=None) -> tuple[Samples, list[list[dict]]]:
     """Multi-turn episodes: the policy speaks, the env answers (`env.step`), until the env ends the
     episode or `max_turns` assistant turns are spent. Returns one token sequence per episode:
 
@@ -201,7 +207,7 @@ def sample_episodes(model, tokenizer, env: Env, tasks: Sequence[Task], *, max_tu
     for _ in range(max_turns):
         if not active:
             break
-        s = sample(model, tokenizer, [prompts[i] + ids[i] for i in active], temperature=temperature, top_p=top_p,
+        s = (sampler or sample)(model, tokenizer, [prompts[i] + ids[i] for i in active], temperature=temperature, top_p=top_p,
                    max_new_tokens=max_new_tokens, batch_size=batch_size)
         still = []
         for j, i in enumerate(active):
@@ -259,14 +265,15 @@ def score_all(env: Env, tasks: Sequence[Task], completions: Sequence[str]) -> li
 def sample_and_score(model, tokenizer, env: Env, tasks: Sequence[Task], *, group_size: int = 1,
                      temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 64, batch_size: int = 128,
                      max_turns: int = 4, timer=None, seeds: Sequence[int] | None = None,
-                     first_group: int = 0) -> RolloutBatch:
+                     first_group: int = 0, sampler=None) -> RolloutBatch:
     """`group_size` trajectories per task, sampled from the policy (temperature 0: greedy) and scored by
     the env, as a `RolloutBatch`; the one path of training rollouts and held-out evaluation. Envs with a
     `step` method run as multi-turn episodes; the others answer in one completion.
 
     `seeds`: one per task; each group is then sampled on its own, under its seed (the global RNG is left as
     it was), so a group's samples do not depend on which other tasks share the batch or the rank.
-    `first_group`: the group id of the first task (a rank's share of a step keeps the global ids)."""
+    `first_group`: the group id of the first task (a rank's share of a step keeps the global ids).
+    `sampler`: a function with `sample`'s signature that draws the completions (a vLLM engine's `sample`)."""
     from contextlib import nullcontext
 
     phase = timer or (lambda name: nullcontext())
@@ -276,9 +283,9 @@ def sample_and_score(model, tokenizer, env: Env, tasks: Sequence[Task], *, group
     def draw(some: Sequence[Task]):
         if hasattr(env, "step"):
             return sample_episodes(model, tokenizer, env, [t for t in some for _ in range(group_size)],
-                                   max_turns=max_turns, **kw)
+                                   max_turns=max_turns, sampler=sampler, **kw)
         prompts = [encode_prompt(tokenizer, t.messages) for t in some]
-        return sample(model, tokenizer, [p for p in prompts for _ in range(group_size)], **kw), None
+        return (sampler or sample)(model, tokenizer, [p for p in prompts for _ in range(group_size)], **kw), None
 
     with phase("rollout"):
         if seeds is None:
@@ -304,8 +311,9 @@ def sample_and_score(model, tokenizer, env: Env, tasks: Sequence[Task], *, group
 
 
 def collect(model, tokenizer, env: Env, tasks: Sequence[Task], cfg, timer=None, seeds: Sequence[int] | None = None,
-            first_group: int = 0) -> RolloutBatch:
+            first_group: int = 0, sampler=None) -> RolloutBatch:
     """Training rollouts: `sample_and_score` with a `RolloutConfig`'s settings."""
     return sample_and_score(model, tokenizer, env, tasks, group_size=cfg.group_size, temperature=cfg.temperature,
                             top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
-                            max_turns=cfg.max_turns, timer=timer, seeds=seeds, first_group=first_group)
+                            max_turns=cfg.max_turns, timer=timer, seeds=seeds, first_group=first_group,
+                            sampler=sampler)

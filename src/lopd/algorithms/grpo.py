@@ -49,6 +49,8 @@ def grpo_loss(cfg, batch, advantages, student, reference: FrozenTeacher | None =
     logprobs = student.logprobs()  # [B, T]
     per_token, clipped = losses.clipped_policy_gradient(logprobs, batch.sampler_logprobs, advantages,
                                                         pg.clip_low, pg.clip_high)
+    if batch.is_weights is not None:  # another engine sampled: truncated importance weights pi_trainer / pi_sampler
+        per_token = per_token * batch.is_weights
     loss = losses.aggregate(per_token, mask, agg)
     metrics = {"loss/pg": loss.item(), "loss/clip_frac": mean_of(clipped.float(), mask),
                "loss/ratio": mean_of((logprobs - batch.sampler_logprobs).exp().detach(), mask)}

@@ -4,4 +4,84 @@
 OpenAI-compatible completions endpoint, with LoRA / full-weight sync and a check that it samples the
 current policy. The client needs only the standard library and torch; vLLM itself runs in the server's
 own interpreter (`scripts/setup_vllm_venv.sh` builds `.venv-vllm`), so nothing here imports `vllm`.
+`RolloutSync` is what the training loop uses (`rollout.engine: vllm`).
 """
+
+from __future__ import annotations
+
+import torch
+
+
+class RolloutSync:
+    """A vLLM engine as the loop uses it: `sample` (rollout.sample's contract), `sync(model)` before each
+    step's rollouts (LoRA adapters hot-loaded in place, full weights reloaded), with the check that the
+    server samples the current policy, and `correct(model, batch)`: the trainer's log-probs of the sampled
+    tokens replace the sampler's (the PPO ratio's denominator), and truncated importance weights
+    min(pi_trainer / pi_sampler, is_cap) weight GRPO's per-token loss, since the two no longer agree exactly."""
+
+    def __init__(self, cfg, model, tokenizer, model_folder: str):
+        from lopd.engines.vllm import VLLMEngine, VLLMServer, vllm_python
+        from lopd.teacher import is_lora
+
+        r = cfg.rollout
+        self.cfg, self.tokenizer, self.syncs = cfg, tokenizer, 0
+        if r.vllm_url:
+            self.engine = VLLMEngine(VLLMServer.connect(r.vllm_url), tokenizer)
+        else:
+            lora = cfg.model.lora
+            self.engine = VLLMEngine.launch(model_folder, tokenizer, python=vllm_python(r.vllm_python or None),
+                                            dtype=r.vllm_dtype, enable_lora=is_lora(model),
+                                            max_lora_rank=max(lora.r, 8), full_weight_sync=not is_lora(model),
+                                            seed=cfg.train.seed, max_model_len=4096)
+        self.probe: list[int] | None = None
+
+    def sample(self, *args, **kwargs):
+        return self.engine.sample(*args, **kwargs)
+
+    def sync(self, model, probe_ids: list[int]) -> dict[str, float]:
+        from lopd.engines.vllm import trainer_prompt_logprobs
+
+        if self.probe is None:  # the initial policy's log-probs of a fixed prompt, before any sync
+            self.probe = probe_ids
+            self.engine.prompt_logprobs(self.probe)
+        self.engine.sync(model)
+        self.syncs += 1
+        every = self.cfg.rollout.vllm_verify_every
+        if self.syncs <= 2 or (every and self.syncs % every == 0):  # the 2nd sync is the first of moved weights
+            report = self.engine.verify_sync(self.probe, trainer_prompt_logprobs(model, self.probe))
+            return {"rollout/sync_logprob_gap": report["mean_abs_diff"]}
+        return {}
+
+    @torch.no_grad()
+    def correct(self, model, batch, micro_batch: int, head_dtype) -> dict[str, float]:
+        from lopd.engines.vllm import truncated_importance_weights
+        from lopd.tokens import score_completions
+
+        device = next(model.parameters()).device
+        parts = []
+        for index in torch.arange(len(batch)).split(micro_batch):
+            mb = batch.select(index).to(device)
+            stats = score_completions(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask,
+                                      completion_attention=mb.completion_attention,
+                                      temperature=self.cfg.rollout.temperature, head_dtype=head_dtype)
+            parts.append(stats.logprobs().cpu())
+        trainer = torch.cat(parts)  # [B, T]
+        mask = batch.completion_mask.float()
+        gap = ((trainer - batch.sampler_logprobs).abs() * mask).sum() / mask.sum().clamp(min=1)
+        batch.is_weights = truncated_importance_weights(trainer, batch.sampler_logprobs, mask, self.cfg.rollout.is_cap)
+        batch.sampler_logprobs = trainer
+        w = (batch.is_weights * mask).sum() / mask.sum().clamp(min=1)
+        return {"rollout/sampler_trainer_gap": float(gap), "rollout/is_weight_mean": float(w)}
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def rollout_engine(cfg, model, tokenizer):
+    """None for `rollout.engine: hf` (the loop samples with HF generate), else a `RolloutSync`."""
+    from lopd.config import RolloutEngine
+    from lopd.models import resolve_model
+
+    if RolloutEngine(cfg.rollout.engine) is RolloutEngine.hf:
+        return None
+    return RolloutSync(cfg, model, tokenizer, str(resolve_model(cfg.model.name)))
