@@ -199,6 +199,19 @@ def test_composer_warmup_and_composer_only_passes_leave_the_student_alone(toolwo
     assert set(_adam_steps(s.optimizer, composer)) == {4} and set(_adam_steps(s.optimizer, policy)) == {1}
 
 
+def test_checkpointing_the_teacher_changes_memory_not_the_update(toolworld):
+    results = []
+    for on in (False, True):
+        s = _session(toolworld, ["algorithm.lopd.gate_init=0.5", "algorithm.lopd.latent_tokens=256",
+                                 f"algorithm.lopd.checkpoint_teacher={str(on).lower()}"])
+        batch, ctx = _filled(s, toolworld)
+        _update(s, batch, ctx)
+        results.append(([p.detach().clone() for p in s.model.parameters()],
+                        [p.detach().clone() for p in s.algorithm.composer.parameters()]))
+    for a, b in zip(results[0][0] + results[0][1], results[1][0] + results[1][1]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
 # ----------------------------------------------------------------------------- collapse and the margin
 
 

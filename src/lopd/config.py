@@ -246,6 +246,8 @@ class LOPDConfig:
     dual_lr: float = _help("dual ascent on lambda: lambda += dual_lr * mean(m - A * Delta); 0 = fixed", 0.0)
     composer_warmup_steps: int = _help("the first this many batches train only the composer (the student waits)", 0)
     composer_passes: int = _help("composer-only passes over each batch before the joint update", 0)
+    checkpoint_teacher: bool = _help("recompute the latent teacher's layers in the backward pass (less memory, "
+                                     "one more teacher forward)", False)
     bank_capacity: int = _help("experiences kept in the bank (0 = unbounded)", 100_000)
     eviction: Eviction = _help("which experience leaves a full bank", Eviction.fifo)
     max_experience_tokens: int = _help("tokens of an experience the composer reads", 64)
@@ -279,7 +281,9 @@ class TrainConfig:
     max_rollouts: int = _help("rollout budget: sampled trajectories in the whole run", 4096)
     epochs_per_batch: int = _help("passes over each rollout batch (>1 makes the PPO clip matter)", 1)
     minibatches: int = _help("optimizer steps per pass over a batch", 1)
-    micro_batch_size: int = _help("sequences per forward/backward (gradient accumulation)", 64)
+    micro_batch_size: int = _help("at most this many sequences per forward/backward (0: as the memory budget allows)", 0)
+    micro_batch_tokens: int = _help("at most this many padded tokens per forward/backward (0: from memory_budget_gib)", 0)
+    memory_budget_gib: float = _help("memory that micro-batches may fill (0: half of what is free at each update)", 0.0)
     seed: int = _help("seeds sampling, initialisation and task order", 0)
     device: str = _help("'auto', 'cpu', 'cuda' or 'cuda:N'", "auto")
     threads: int = _help("torch CPU threads (0 = torch's default)", 0)
@@ -468,7 +472,9 @@ RANGES = [  # (dotted key, lowest, highest, inclusive at the bottom): values the
     ("rollout.tasks_per_step", 1, float("inf"), True),
     ("rollout.group_size", 1, float("inf"), True),
     ("rollout.max_new_tokens", 1, float("inf"), True),
-    ("train.micro_batch_size", 1, float("inf"), True),
+    ("train.micro_batch_size", 0, float("inf"), True),
+    ("train.micro_batch_tokens", 0, float("inf"), True),
+    ("train.memory_budget_gib", 0, float("inf"), True),
     ("train.epochs_per_batch", 1, float("inf"), True),
     ("train.minibatches", 1, float("inf"), True),
     ("train.max_bad_steps", 1, float("inf"), True),

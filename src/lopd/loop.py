@@ -34,7 +34,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from lopd import dist, failpoints
+from lopd import dist, failpoints, microbatch
 from lopd.algorithms import Algorithm, Context, build_algorithm
 from lopd.dist import World
 from lopd.config import Aggregation, AlgorithmName, Config, head_dtype_of, to_yaml
@@ -112,6 +112,11 @@ def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatc
     passes = epochs * t.minibatches
     device = params[0].device
     first, local_n = world.rank * len(batch), len(batch)  # this rank's rows in the global batch
+    prompt_len = batch.prompt_mask.sum(-1)  # [B]
+    used = batch.attention
+    completion_len = torch.where(used.any(-1), used.shape[1] - used.flip(-1).float().argmax(-1), 0)  # [B] last attended + 1
+    max_tokens = t.micro_batch_tokens or microbatch.token_budget(
+        model, device, t.memory_budget_gib, int((prompt_len + completion_len).max()), algorithm.kept_forwards)
     sums: dict[str, float] = {}  # weighted by global weights: summed over ranks at the end
     shared = {"health/skipped_steps": 0.0, "optim/grad_norm": 0.0}  # identical on every rank
     bad_losses = 0.0
@@ -123,7 +128,7 @@ def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatc
             optimizer.zero_grad(set_to_none=True)
             weight_total = dist.all_sum(world, {"w": _weight(batch.select(mb_index), cfg)})["w"]
             finite = True
-            for micro in mb_index.split(t.micro_batch_size):
+            for micro in microbatch.plan(prompt_len, completion_len, mb_index, t.micro_batch_size, max_tokens):
                 mb, mctx = batch.select(micro).trimmed().to(device), ctx.select(micro).to(device).for_pass(epoch)
                 student = score_completions(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
                                             mb.completion_mask, completion_attention=mb.completion_attention,
@@ -384,7 +389,8 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
                                 first_group=first, sampler=engine.sample if engine is not None else None)
                 if engine is not None:
                     with timer("correct"):
-                        engine_metrics.update(engine.correct(model, batch, cfg.train.micro_batch_size, head_dtype_of(cfg)))
+                        engine_metrics.update(engine.correct(model, batch, cfg.train.micro_batch_size or 16,
+                                                             head_dtype_of(cfg)))
                 failpoints.reached("rollout")
                 with timer("context"):
                     ctx = algorithm.build_context(batch, step)

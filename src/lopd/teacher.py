@@ -96,9 +96,11 @@ class Teacher:
         return stats.weights_detached()
 
     def score_latent(self, batch: "RolloutBatch", contexts: Sequence[str | None],
-                     latents: LatentSlots) -> tuple[TokenStats, Tensor]:
+                     latents: LatentSlots, checkpoint_layers: bool = False) -> tuple[TokenStats, Tensor]:
         """The teacher's TokenStats with K latent slots in its prompt (gradients flow into
-        `latents.values`), and [B] the number of context tokens under the slots of each row."""
+        `latents.values`), and [B] the number of context tokens under the slots of each row.
+        `checkpoint_layers`: recompute each decoder layer in the backward pass instead of keeping its
+        activations (the teacher's forward then costs one more forward, and far less memory)."""
         B, K, _ = latents.values.shape
         over, in_context = latents.over_context, LatentPosition(latents.position) is LatentPosition.in_context
         rows, starts, spans = [], [], []
@@ -112,7 +114,7 @@ class Teacher:
         at = torch.tensor(starts) + ((mask == 0).sum(-1) if in_context else 0)  # [B] slot position in the row
         length = torch.tensor([len(s) for s in spans])  # [B]
         device = latents.values.device
-        with self.active() as model:
+        with self.active() as model, activation_checkpointing(model, checkpoint_layers):
             if over:
                 span_ids = torch.zeros(B, K, dtype=torch.long)
                 for b, s in enumerate(spans):
@@ -128,6 +130,26 @@ class Teacher:
                                       completion_attention=batch.completion_attention, temperature=self.temperature,
                                       latents=Latents(values, present.to(device), at.to(device)), head_dtype=self.head_dtype)
         return stats.weights_detached(), length
+
+
+@contextlib.contextmanager
+def activation_checkpointing(model: nn.Module, on: bool) -> Iterator[None]:
+    """Hugging Face's per-layer activation checkpointing for the forwards inside (non-reentrant, so the
+    gradient still reaches inputs_embeds), restored afterwards."""
+    if not on:
+        yield
+        return
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    was_training = base.training
+    was_on = bool(getattr(base, "is_activation_checkpointing", getattr(base, "is_gradient_checkpointing", False)))
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    base.train()  # Hugging Face checkpoints only in training mode (dropout stays whatever the config says)
+    try:
+        yield
+    finally:
+        if not was_on:
+            base.gradient_checkpointing_disable()
+        base.train(was_training)
 
 
 _FROZEN_COPIES: "weakref.WeakKeyDictionary[nn.Module, nn.Module]" = weakref.WeakKeyDictionary()

@@ -67,6 +67,7 @@ class Algorithm:
     """Base class; subclasses set `name` and implement `build_context` and `loss`."""
 
     name: str = ""
+    kept_forwards: int = 1  # forwards per micro-batch whose activations wait for the backward (memory planning)
 
     def __init__(self, cfg: "Config"):
         self.cfg = cfg

@@ -82,6 +82,7 @@ class RetrievalMixin:
 
 class LOPD(RetrievalMixin, SelfDistillation):
     name = "lopd"
+    kept_forwards = 2  # the student's and the latent teacher's (its gradient reaches the composer)
 
     def needs_reference(self) -> bool:
         return True  # pi_0, the context-free frozen model, for Delta
@@ -148,7 +149,8 @@ class LOPD(RetrievalMixin, SelfDistillation):
         values = self.compose(ctx)  # [b, K, H]
         slots = LatentSlots(values, over_context=self.composer.copy_tokens, position=c.position)
         with torch.set_grad_enabled(values.requires_grad):
-            teacher, length = self.teacher.score_latent(batch, ctx.texts, slots)
+            teacher, length = self.teacher.score_latent(batch, ctx.texts, slots,
+                                                        checkpoint_layers=c.checkpoint_teacher and values.requires_grad)
         used = ctx.has_context.to(length.device)
         return teacher, {"context/latent_norm": float(values.detach().norm(dim=-1).mean()),
                          "context/context_tokens": float(length[used].float().mean()) if used.any() else 0.0,
