@@ -284,6 +284,8 @@ class TrainConfig:
     micro_batch_size: int = _help("at most this many sequences per forward/backward (0: as the memory budget allows)", 0)
     micro_batch_tokens: int = _help("at most this many padded tokens per forward/backward (0: from memory_budget_gib)", 0)
     memory_budget_gib: float = _help("memory that micro-batches may fill (0: half of what is free at each update)", 0.0)
+    activation_checkpointing: bool = _help("recompute the policy's decoder layers in the backward pass (less memory, "
+                                           "one more forward)", False)
     seed: int = _help("seeds sampling, initialisation and task order", 0)
     device: str = _help("'auto', 'cpu', 'cuda' or 'cuda:N'", "auto")
     threads: int = _help("torch CPU threads (0 = torch's default)", 0)

@@ -232,6 +232,9 @@ def build(cfg: Config, env: Env | None = None) -> Session:
     for split in cfg.env.eval_splits:  # fail now, not after an hour, on a bad split name or data file
         env_tasks(env, split, "env.eval_splits")
     model, tokenizer = load_policy(cfg.model, device)
+    if cfg.train.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()  # Hugging Face checkpoints only in training mode; rollouts switch to eval and back
     run = RunDir(run_dir_for(cfg), writer=world.main)
     algorithm = build_algorithm(cfg)
     if world.main:

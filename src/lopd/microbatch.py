@@ -38,15 +38,28 @@ def available_memory_bytes(device: torch.device) -> int:
 
 
 def activation_bytes_per_token(model, sequence_length: int, forwards_kept: int = 1) -> int:
-    """Bytes of kept activations per padded token of one micro-batch (see the module doc)."""
-    config = model.config if not hasattr(model, "get_base_model") else model.get_base_model().config
+    """Bytes of kept activations per padded token of one micro-batch (see the module doc). On CUDA the
+    attention kernels keep no row of attention weights; with activation checkpointing on, a layer keeps
+    only its input (one hidden-size vector)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = base.config
     hidden = config.hidden_size
     inter = getattr(config, "intermediate_size", 4 * hidden)
     heads = config.num_attention_heads
     layers = config.num_hidden_layers
-    dtype_bytes = max(4 if next(model.parameters()).dtype == torch.float32 else 2, 2)
-    per_layer = 12 * hidden + 3 * inter + heads * sequence_length
+    param = next(model.parameters())
+    dtype_bytes = 4 if param.dtype == torch.float32 else 2
+    attention_row = 0 if param.device.type == "cuda" else heads * sequence_length
+    per_layer = 12 * hidden + 3 * inter + attention_row
+    if checkpointing_on(base) and base.training:
+        per_layer = hidden
     return int(layers * per_layer * dtype_bytes * forwards_kept)
+
+
+def checkpointing_on(model) -> bool:
+    """Whether Hugging Face activation checkpointing is enabled on `model` (either property name)."""
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
 
 
 def trained_state_bytes(model) -> int:

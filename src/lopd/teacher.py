@@ -141,7 +141,9 @@ def activation_checkpointing(model: nn.Module, on: bool) -> Iterator[None]:
         return
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     was_training = base.training
-    was_on = bool(getattr(base, "is_activation_checkpointing", getattr(base, "is_gradient_checkpointing", False)))
+    from lopd.microbatch import checkpointing_on
+
+    was_on = checkpointing_on(base)
     base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     base.train()  # Hugging Face checkpoints only in training mode (dropout stays whatever the config says)
     try:
