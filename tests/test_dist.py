@@ -57,7 +57,7 @@ def run_single(overrides: list[str], stop_after=None) -> None:
 
 def _state(run_dir: Path) -> dict:
     ckpt = RunDir(run_dir).latest_checkpoint()
-    rows = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in RunDir(run_dir).read_metrics()]
+    rows = [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))} for r in RunDir(run_dir).read_metrics()]
     bank = [json.loads(line) for line in (run_dir / "bank" / "entries.jsonl").read_text().splitlines()] \
         if (run_dir / "bank").is_dir() else None
     return {"checkpoint": ckpt.name, "weights": load_file(ckpt / "model" / "model.safetensors"), "rows": rows,

@@ -46,7 +46,7 @@ def snapshot(run_dir: Path) -> dict:
     ckpt = run.latest_checkpoint()
     weights = load_file(next((ckpt / "model").glob("*.safetensors")))
     optimizer = torch.load(ckpt / "optimizer.pt", weights_only=False)
-    rows = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in run.read_metrics()]
+    rows = [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))} for r in run.read_metrics()]
     bank = (run_dir / "bank" / "entries.jsonl").read_text() if (run_dir / "bank").is_dir() else None
     samples = {p.name: p.read_text() for p in sorted((run_dir / "samples").glob("*.jsonl"))}
     return {"checkpoint": ckpt.name, "weights": weights, "optimizer": optimizer, "rows": rows, "bank": bank,

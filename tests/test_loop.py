@@ -26,7 +26,7 @@ def _final_weights(run_dir: Path) -> dict:
 
 
 def _rows(run_dir: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in RunDir(run_dir).read_metrics()]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))} for r in RunDir(run_dir).read_metrics()]
 
 
 def test_resume_after_a_stop_equals_an_uninterrupted_run(tmp_path):

@@ -9,6 +9,7 @@ The grid file:
     eval_every: 256                    # eval.every_rollouts of every run: same budget points for all
     seeds: [0, 1, 2]
     base: configs/demo.yaml            # the config every run starts from
+    after: configs/humaneval_smollm2.yaml   # optional: applied after each method's config (model, env, sizes)
     overrides: [rollout.group_size=8]  # applied to every run
     methods:                           # name -> config file (+ optional overrides); `ablation: true` tags it
       grpo: {config: configs/grpo.yaml}
@@ -56,6 +57,7 @@ class Grid:
     seeds: list[int]
     methods: list[Method]
     base: str | None = None
+    after: str | None = None
     overrides: list[str] = field(default_factory=list)
     backbones: list[str] = field(default_factory=list)
     envs: list[str] = field(default_factory=list)
@@ -84,7 +86,7 @@ class Cell:
         return "/".join(parts)
 
 
-GRID_KEYS = {"name", "budget", "eval_every", "seeds", "methods", "base", "overrides", "backbones", "envs",
+GRID_KEYS = {"name", "budget", "eval_every", "seeds", "methods", "base", "after", "overrides", "backbones", "envs",
              "reference", "workers", "threads_per_worker", "out"}
 
 
@@ -120,6 +122,7 @@ def load_grid(path: str | Path, cli: list[str] | None = None) -> Grid:
         m.config = resolve(m.config)
     grid = Grid(name=raw["name"], budget=int(raw["budget"]), eval_every=int(raw.get("eval_every", 0)),
                 seeds=[int(s) for s in raw["seeds"]], methods=methods, base=resolve(raw.get("base")),
+                after=resolve(raw.get("after")),
                 overrides=list(raw.get("overrides", [])), backbones=list(raw.get("backbones", [])),
                 envs=list(raw.get("envs", [])), reference=raw.get("reference", "grpo"),
                 workers=int(raw.get("workers", 2)), threads_per_worker=int(raw.get("threads_per_worker", 1)),
@@ -150,8 +153,9 @@ def run_overrides(grid: Grid, cell: Cell) -> list[str]:
 
 
 def run_config(grid: Grid, cell: Cell):
-    """The run's config: base file <- method file <- grid and method overrides <- the grid's fixed keys."""
-    return load_config([grid.base, cell.method.config], run_overrides(grid, cell))
+    """The run's config: base file <- method file <- `after` file <- grid and method overrides <- the grid's
+    fixed keys."""
+    return load_config([grid.base, cell.method.config, grid.after], run_overrides(grid, cell))
 
 
 def is_finished(grid: Grid, cell: Cell) -> bool:

@@ -412,6 +412,7 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
                        **metrics}
                 if session.device.type == "cuda":
                     row["memory/peak_gib"] = torch.cuda.max_memory_allocated(session.device) / 2**30
+                row["memory/peak_rss_gib"] = peak_rss_gib()
                 every = cfg.eval.every_rollouts
                 if state.step == session.total_steps or (every and state.rollouts // every > prev // every):
                     row.update({"kind": "train+eval", **run_eval(timer)})
@@ -464,6 +465,13 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
         (run.path / "finished").write_text(str(cfg.train.max_rollouts))  # last: the run is complete
     dist.barrier(world)
     return run.path
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory so far (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def group_seed(seed: int, step: int, task: int) -> int:
