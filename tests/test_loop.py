@@ -87,7 +87,7 @@ def test_cli_train_resume_and_eval_end_to_end(tmp_path):
 
 
 def test_cli_killed_mid_run_resumes_to_the_same_weights(tmp_path):
-    reference = train(load_config(None, small_overrides(tmp_path / "ref", **{"train.max_rollouts": 48})), quiet=True)
+    reference = train(load_config("grpo", small_overrides(tmp_path / "ref", **{"train.max_rollouts": 48})), quiet=True)
     run_dir = tmp_path / "killed"
     args = ["train", "--config", "grpo", *small_overrides(run_dir, **{"train.max_rollouts": 48})]
     proc = subprocess.Popen(LOPD + args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
