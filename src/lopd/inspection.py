@@ -48,9 +48,8 @@ def inspect_run(run_dir: str | Path, *, tasks: int = 3, split: str | None = None
     split = split or (cfg.env.eval_splits[0] if cfg.env.eval_splits else cfg.env.train_split)
     chosen = list(env.tasks(split))[:tasks]
     bank = algorithm.memory.bank
-    keys = algorithm.memory.embedder.encode([task_text(t) for t in chosen])
     c = cfg.algorithm.lopd
-    found = bank.search(keys, c.retrieve_k, successes_only=not c.retrieve_failures, min_similarity=c.min_similarity)
+    found = algorithm.memory.search([task_text(t) for t in chosen])  # the same retrieval as in training
     with algorithm.reference.active() as frozen:
         table = frozen.get_input_embeddings().weight.detach().float()  # [V, H]
     unit = torch.nn.functional.normalize(table, dim=-1)

@@ -50,6 +50,12 @@ class ExperienceMemory:
         row = {t: i for i, t in enumerate(unique)}
         return keys[[row[t] for t in texts]]
 
+    def search(self, texts: list[str], **exclusions) -> Retrieved:
+        """The configured retrieval (k, successes only, minimum similarity, distinct experiences) for task texts;
+        training and `lopd inspect` both go through it."""
+        return self.bank.search(self._encode_unique(texts), self.cfg.retrieve_k, successes_only=not self.cfg.retrieve_failures,
+                                min_similarity=self.cfg.min_similarity, distinct=self.cfg.distinct_experiences, **exclusions)
+
     def retrieve(self, batch, step: int, own_ids: list[int] | None = None) -> Retrieved:
         """Top-k per trajectory, searched once per sampling group: every trajectory of a group shares its
         task, and excluding the group excludes each of them (their own entries included, if the batch was
@@ -59,10 +65,8 @@ class ExperienceMemory:
         first = {g: i for i, g in reversed(list(enumerate(groups)))}  # group -> its first trajectory
         order = list(first)
         texts = [task_text(batch.tasks[first[g]]) for g in order]
-        found = self.bank.search(self._encode_unique(texts), self.cfg.retrieve_k, exclude_groups=order,
-                                 exclude_ids=[[i for i, gg in zip(own_ids, groups) if gg == g and i >= 0] for g in order],
-                                 successes_only=not self.cfg.retrieve_failures, min_similarity=self.cfg.min_similarity,
-                                 distinct=self.cfg.distinct_experiences)
+        found = self.search(texts, exclude_groups=order,
+                            exclude_ids=[[i for i, gg in zip(own_ids, groups) if gg == g and i >= 0] for g in order])
         row = {g: j for j, g in enumerate(order)}
         return Retrieved([found.index[row[g]] for g in groups], [found.similarity[row[g]] for g in groups])
 
