@@ -286,6 +286,8 @@ class TrainConfig:
     memory_budget_gib: float = _help("memory that micro-batches may fill (0: half of what is free at each update)", 0.0)
     activation_checkpointing: bool = _help("recompute the policy's decoder layers in the backward pass (less memory, "
                                            "one more forward)", False)
+    fsdp: bool = _help("shard every decoder layer of a full fine-tune (and of its teachers' weight copies) over the "
+                       "ranks with FSDP2 (docs/scaling.md); one process: no effect", False)
     seed: int = _help("seeds sampling, initialisation and task order", 0)
     device: str = _help("'auto', 'cpu', 'cuda' or 'cuda:N'", "auto")
     threads: int = _help("torch CPU threads (0 = torch's default)", 0)

@@ -97,6 +97,14 @@ def all_mean(world: World, values: dict[str, float]) -> dict[str, float]:
     return {k: sum(d[k] for d in gathered if k in d) / sum(1 for d in gathered if k in d) for k in keys}
 
 
+def all_max(world: World, value: float) -> float:
+    if not world.distributed:
+        return value
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+    return float(t.item())
+
+
 def any_true(world: World, flag: bool) -> bool:
     if not world.distributed:
         return flag

@@ -34,7 +34,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from lopd import dist, failpoints, microbatch
+from lopd import dist, failpoints, fsdp, microbatch
 from lopd.algorithms import Algorithm, Context, build_algorithm
 from lopd.dist import World
 from lopd.config import Aggregation, AlgorithmName, Config, head_dtype_of, to_yaml
@@ -111,6 +111,7 @@ def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatc
     epochs = ctx.extra_passes + t.epochs_per_batch
     passes = epochs * t.minibatches
     device = params[0].device
+    sharded = fsdp.is_sharded(model)
     first, local_n = world.rank * len(batch), len(batch)  # this rank's rows in the global batch
     prompt_len = batch.prompt_mask.sum(-1)  # [B]
     used = batch.attention
@@ -128,25 +129,37 @@ def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatc
             optimizer.zero_grad(set_to_none=True)
             weight_total = dist.all_sum(world, {"w": _weight(batch.select(mb_index), cfg)})["w"]
             finite = True
-            for micro in microbatch.plan(prompt_len, completion_len, mb_index, t.micro_batch_size, max_tokens):
+            micros = microbatch.plan(prompt_len, completion_len, mb_index, t.micro_batch_size, max_tokens)
+            if sharded:  # every rank runs as many forwards/backwards: the extra ones weigh nothing
+                micros += [None] * (int(dist.all_max(world, len(micros))) - len(micros))
+            for micro in micros:
+                zero = micro is None
+                if zero:
+                    micro = torch.zeros(1, dtype=torch.long)  # any row: its loss is multiplied by 0
                 mb, mctx = batch.select(micro).trimmed().to(device), ctx.select(micro).to(device).for_pass(epoch)
                 student = score_completions(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
                                             mb.completion_mask, completion_attention=mb.completion_attention,
                                             temperature=temp, head_dtype=head_dtype)
                 loss, metrics = algorithm.loss(mb, mctx, student)
-                if not bool(torch.isfinite(loss.detach())):
+                w = 0.0 if zero else _weight(mb, cfg) / weight_total
+                good = bool(torch.isfinite(loss.detach()))
+                if not good:
                     finite = False
                     bad_losses += 1
-                    continue
-                w = _weight(mb, cfg) / weight_total
+                    if not sharded:  # sharded: the backward still runs (its collectives); the step is skipped
+                        continue
                 if loss.requires_grad:  # a pass may train nothing (a frozen composer's composer-only pass)
                     (loss * w).backward()
                 failpoints.reached("update")
-                for k, v in metrics.items():  # averaged over micro-batches (by weight) and passes
+                for k, v in metrics.items() if good else ():  # averaged over micro-batches (by weight) and passes
                     sums[k] = sums.get(k, 0.0) + v * w / passes
             finite = not dist.any_true(world, not finite)
-            dist.sum_gradients(world, params)
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            if sharded:  # FSDP has summed the layers' gradients; the replicated ones are summed here
+                dist.sum_gradients(world, fsdp.replicated(params))
+                norm = fsdp.clip_grad_norm_(params, max_norm)
+            else:
+                dist.sum_gradients(world, params)
+                norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
             if not finite or not bool(torch.isfinite(norm)):
                 optimizer.zero_grad(set_to_none=True)
                 shared["health/skipped_steps"] += 1
@@ -231,6 +244,8 @@ def build(cfg: Config, env: Env | None = None) -> Session:
     train_tasks = env_tasks(env, cfg.env.train_split, "env.train_split")
     for split in cfg.env.eval_splits:  # fail now, not after an hour, on a bad split name or data file
         env_tasks(env, split, "env.eval_splits")
+    if cfg.train.fsdp and world.distributed:
+        check_shardable(cfg, env)
     model, tokenizer = load_policy(cfg.model, device)
     if cfg.train.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -248,6 +263,11 @@ def build(cfg: Config, env: Env | None = None) -> Session:
     except BaseException:
         run.release()
         raise
+    if cfg.train.fsdp and world.distributed:
+        from lopd.teacher import copies_of
+
+        for module in [model, *copies_of(model)]:  # after setup: the teachers' weight copies exist now
+            fsdp.shard(module, device)
     groups = [{"params": trainable_parameters(model), "lr": cfg.optim.lr}] + algorithm.param_groups()
     optimizer = torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
                                   weight_decay=cfg.optim.weight_decay)
@@ -257,6 +277,19 @@ def build(cfg: Config, env: Env | None = None) -> Session:
 
     return Session(cfg, run, device, env, train_tasks, model, tokenizer, algorithm, optimizer, scheduler, total_steps,
                    world, rollout_engine(cfg, model, tokenizer))
+
+
+def check_shardable(cfg: Config, env: Env) -> None:
+    """What `train.fsdp` does not cover, refused before the first step (see lopd/fsdp.py)."""
+    from lopd.config import RolloutEngine
+
+    if cfg.model.lora.enabled:
+        raise ConfigError("train.fsdp: shards full fine-tunes; a LoRA run keeps its base weights replicated "
+                          "(set model.lora.enabled=false, or train.fsdp=false)")
+    if RolloutEngine(cfg.rollout.engine) is not RolloutEngine.hf:
+        raise ConfigError("train.fsdp: rollouts must come from the trainer's model (rollout.engine=hf)")
+    if hasattr(env, "step"):
+        raise ConfigError(f"train.fsdp: {type(env).__name__} is multi-turn; sharded decoding needs single-turn envs")
 
 
 def env_tasks(env: Env, split: str, key: str) -> Sequence[Task]:
@@ -332,6 +365,7 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
     interrupted) is recorded in the run's status.json; the next start reports it in resumes.log."""
     cfg, run, algorithm, model, world = session.cfg, session.run, session.algorithm, session.model, session.world
     main = world.main  # rank 0 evaluates, checkpoints and logs; every rank trains
+    sharded = fsdp.is_sharded(model)  # then every forward is collective: all ranks evaluate, all gather checkpoints
     if main:
         run.begin(session.resumed_from, session.resuming)
         (run.path / "finished").unlink(missing_ok=True)
@@ -356,10 +390,12 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
     def run_eval(timer: Timer) -> dict[str, float]:
         out = {}
         with timer("eval"):
-            for split in cfg.env.eval_splits if main else []:
+            for split in cfg.env.eval_splits if main or sharded else []:  # sharded: every rank decodes
                 result = evaluate(model, session.tokenizer, session.env, split, max_tasks=cfg.eval.max_tasks,
                                   temperature=cfg.eval.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
                                   batch_size=cfg.eval.batch_size, seed=cfg.train.seed, max_turns=cfg.rollout.max_turns)
+                if not main:
+                    continue
                 out.update(result.metrics())
                 state.best[split] = max(state.best.get(split, 0.0), result.success)
                 (run.path / "samples").mkdir(exist_ok=True)
@@ -417,11 +453,15 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
                 if state.step == session.total_steps or (every and state.rollouts // every > prev // every):
                     row.update({"kind": "train+eval", **run_eval(timer)})
                 pending = None
-                if main and (state.step % cfg.run.checkpoint_every == 0 or state.step == session.total_steps):
+                due = state.step % cfg.run.checkpoint_every == 0 or state.step == session.total_steps
+                if due and (main or sharded):
                     with timer("checkpoint"):
-                        pending = run.save_checkpoint(state.step, model, session.optimizer, {
-                            "scheduler": session.scheduler.state_dict(), "algorithm": algorithm.state_dict(),
-                            "run": vars(state)}, keep=cfg.run.keep_checkpoints)
+                        gathered = fsdp.checkpoint_state(model, session.optimizer, algorithm) if sharded else None
+                        if main:
+                            pending = run.save_checkpoint(state.step, model, session.optimizer, {
+                                "scheduler": session.scheduler.state_dict(),
+                                "algorithm": gathered["algorithm"] if gathered else algorithm.state_dict(),
+                                "run": vars(state)}, keep=cfg.run.keep_checkpoints, gathered=gathered)
                 full = {"step": state.step, "rollouts": state.rollouts, "tokens": state.tokens, **row, **timer.seconds}
                 if pending is not None:
                     pending.finish(history + [full])  # the checkpoint holds its own row ...

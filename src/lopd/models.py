@@ -144,9 +144,10 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def save_weights(model: nn.Module, folder: Path) -> None:
-    """The trained part only: the adapter for LoRA, all weights otherwise (safetensors)."""
-    model.save_pretrained(folder)
+def save_weights(model: nn.Module, folder: Path, state: dict | None = None) -> None:
+    """The trained part only: the adapter for LoRA, all weights otherwise (safetensors). `state`: the full
+    weights of a sharded model (`fsdp.model_state`), written in place of its own (sharded) tensors."""
+    model.save_pretrained(folder, **({"state_dict": state} if state is not None else {}))
 
 
 def load_weights(model: nn.Module, folder: Path) -> None:
@@ -160,7 +161,10 @@ def load_weights(model: nn.Module, folder: Path) -> None:
         state = {}
         for f in sorted(folder.glob("*.safetensors")):
             state.update(load_file(f))
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        from lopd.fsdp import is_sharded, load_model_state
+
+        missing, unexpected = load_model_state(model, state) if is_sharded(model) else \
+            model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
         if missing or unexpected:
             raise RuntimeError(f"{folder}: checkpoint does not fit the model (missing {missing[:3]}, "

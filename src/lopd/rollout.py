@@ -131,6 +131,9 @@ def sample(model, tokenizer, prompts: Sequence[Sequence[int]], *, temperature: f
     chunks: list[Samples] = []
     was_training = model.training
     model.eval()
+    from lopd.fsdp import is_sharded
+
+    synced = is_sharded(model)  # every rank keeps decoding until all have finished (each step is collective)
     for start in range(0, len(prompts), batch_size):
         ids, mask = left_pad(prompts[start:start + batch_size], pad)
         ids, mask = ids.to(device), mask.to(device)
@@ -138,7 +141,7 @@ def sample(model, tokenizer, prompts: Sequence[Sequence[int]], *, temperature: f
         out = model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=not greedy,
             temperature=None if greedy else temperature, top_p=None if greedy or top_p >= 1 else top_p, top_k=None,
-            eos_token_id=eos, pad_token_id=pad, output_logits=True, return_dict_in_generate=True)
+            eos_token_id=eos, pad_token_id=pad, output_logits=True, return_dict_in_generate=True, synced_gpus=synced)
         completion = out.sequences[:, ids.shape[1]:]  # [b, C]
         scale = 1.0 if greedy else temperature
         chosen = torch.stack([  # step by step, never a [b, C, V] tensor: [b, C]

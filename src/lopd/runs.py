@@ -301,10 +301,12 @@ class RunDir:
         if step == 0:
             shutil.rmtree(self.path / "tb", ignore_errors=True)
 
-    def save_checkpoint(self, step: int, model, optimizer, state: dict, keep: int = 2) -> PendingCheckpoint:
+    def save_checkpoint(self, step: int, model, optimizer, state: dict, keep: int = 2,
+                        gathered: dict | None = None) -> PendingCheckpoint:
         """Write step `step`'s weights, optimizer and state under the checkpoint's temporary name; the
         result's `finish(rows)` adds the metrics rows and the manifest, and `commit()` (once the step's row is
-        in metrics.jsonl) renames it into place."""
+        in metrics.jsonl) renames it into place. `gathered`: a sharded run's full model and optimizer state
+        (`fsdp.checkpoint_state`), written instead of the (sharded) model's and optimizer's own."""
         from lopd import failpoints
         from lopd.models import save_weights
 
@@ -313,9 +315,9 @@ class RunDir:
         try:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-            save_weights(model, tmp / "model")
+            save_weights(model, tmp / "model", gathered["model"] if gathered else None)
             failpoints.reached("checkpoint.write")
-            _save(optimizer.state_dict(), tmp / "optimizer.pt")
+            _save(gathered["optimizer"] if gathered else optimizer.state_dict(), tmp / "optimizer.pt")
             _save({**state, "rng": rng_state()}, tmp / "state.pt")
         except Exception as e:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -325,8 +327,11 @@ class RunDir:
     def load_checkpoint(self, folder: Path, model, optimizer) -> dict:
         from lopd.models import load_weights
 
+        from lopd.fsdp import is_sharded, load_optimizer_state
+
         load_weights(model, folder / "model")
-        optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
+        saved = torch.load(folder / "optimizer.pt", weights_only=False)
+        load_optimizer_state(optimizer, saved) if is_sharded(model) else optimizer.load_state_dict(saved)
         state = torch.load(folder / "state.pt", weights_only=False)
         set_rng_state(state.pop("rng"))
         rows = folder / "metrics.jsonl"

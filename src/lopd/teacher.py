@@ -155,15 +155,27 @@ def activation_checkpointing(model: nn.Module, on: bool) -> Iterator[None]:
 
 
 _FROZEN_COPIES: "weakref.WeakKeyDictionary[nn.Module, nn.Module]" = weakref.WeakKeyDictionary()
+_COPIES: "weakref.WeakKeyDictionary[nn.Module, list[nn.Module]]" = weakref.WeakKeyDictionary()
+
+
+def weight_copy(policy: nn.Module) -> nn.Module:
+    """A frozen full-model copy of `policy` (a teacher's own weights), registered in `copies_of`."""
+    model = copy.deepcopy(policy)
+    model.requires_grad_(False)
+    model.eval()
+    _COPIES.setdefault(policy, []).append(model)
+    return model
+
+
+def copies_of(policy: nn.Module) -> list[nn.Module]:
+    """The full-model copies teachers made of `policy` (sharded with it under `train.fsdp`)."""
+    return list(_COPIES.get(policy, []))
 
 
 def frozen_copy(policy: nn.Module) -> nn.Module:
     """One frozen copy of a fully fine-tuned policy's initial weights, shared by all its frozen views."""
     if policy not in _FROZEN_COPIES:
-        model = copy.deepcopy(policy)
-        model.requires_grad_(False)
-        model.eval()
-        _FROZEN_COPIES[policy] = model
+        _FROZEN_COPIES[policy] = weight_copy(policy)
     return _FROZEN_COPIES[policy]
 
 
@@ -203,9 +215,7 @@ class EMATeacher(Teacher):
             policy.add_adapter(self.ADAPTER, policy.peft_config[policy.active_adapter])
             self._sync_pairs(copy_now=True)
         else:
-            self.model = copy.deepcopy(policy)
-            self.model.requires_grad_(False)
-            self.model.eval()
+            self.model = weight_copy(policy)
 
     def _pairs(self) -> list[tuple[Tensor, Tensor]]:
         """(ema tensor, student tensor) for every trained weight."""
@@ -242,12 +252,15 @@ class EMATeacher(Teacher):
             ema.lerp_(student.to(ema.dtype), self.rate)
 
     def state_dict(self) -> dict:
-        return {f"{i}": ema.detach().clone() for i, (ema, _) in enumerate(self._pairs())}
+        return {f"{i}": ema.detach().clone() for i, (ema, _) in enumerate(self._pairs())}  # shards under FSDP
 
+    @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
+        from lopd.fsdp import copy_full_
+
         if state:
             for i, (ema, _) in enumerate(self._pairs()):
-                ema.data.copy_(state[f"{i}"])
+                copy_full_(ema.data, state[f"{i}"])
 
 
 class LiveTeacher(Teacher):

@@ -129,7 +129,7 @@ class LOPD(RetrievalMixin, SelfDistillation):
         device = self.composer.queries.device
         if not self.cfg.algorithm.lopd.retrieve:
             return self.composer(batch=len(ctx.texts))
-        rows = [self.encoder.encode(self.memory.bank, ids) for ids in ctx.retrieved]  # [b][k] of [L, 2H]
+        rows = self.encoder.encode(self.memory.bank, ctx.retrieved)  # [b][k] of [L, 2H]
         width = max([sum(len(h) for h in r) for r in rows] + [1])
         memory = torch.zeros(len(rows), width, self.composer.inp.in_features, device=device)  # [b, M, 2H]
         pad = torch.ones(len(rows), width, dtype=torch.bool, device=device)  # [b, M]

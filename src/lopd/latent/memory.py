@@ -16,6 +16,7 @@ from lopd.config import RememberWhat
 from lopd.latent.embedder import build_embedder
 from lopd.latent.experience_bank import Experience, ExperienceBank, Retrieved
 from lopd.prompts import task_text
+from lopd.fsdp import is_sharded, union
 from lopd.tokens import decoder_and_head
 
 
@@ -91,25 +92,32 @@ class ExperienceEncoder:
         self.cache: OrderedDict[int, torch.Tensor] = OrderedDict()
 
     @torch.no_grad()
-    def encode(self, bank: ExperienceBank, ids: list[int]) -> list[torch.Tensor]:
-        missing = [i for i in dict.fromkeys(ids) if i not in self.cache]
-        if missing:
-            seqs = [self.tokenizer(f"{bank.entries[i].task_text} -> {bank.entries[i].trajectory}",
-                                   add_special_tokens=False)["input_ids"][: self.max_tokens] or [0] for i in missing]
-            with self.reference.active() as model:
+    def encode(self, bank: ExperienceBank, rows: list[list[int]]) -> list[list[torch.Tensor]]:
+        """Each row's entries' features ([L, 2H] each), for one micro-batch in one call. Sharded (FSDP),
+        every forward is collective: every rank encodes the union of what any rank's call misses."""
+        wanted = list(dict.fromkeys(i for row in rows for i in row))
+        missing = [i for i in wanted if i not in self.cache]
+        with self.reference.active() as model:
+            if is_sharded(model):
+                missing = union(missing)  # an entry this rank has cached is recomputed: the same values
+            fresh: dict[int, torch.Tensor] = {}
+            if missing:
                 decoder, _ = decoder_and_head(model)
                 device = next(model.parameters()).device
                 # one entry at a time: an entry's features never depend on what it was batched with, so a
                 # resumed run (empty cache) composes exactly what the uninterrupted run did
-                for i, seq in zip(missing, seqs):
+                for i in missing:
+                    entry = bank.entries[i]
+                    seq = self.tokenizer(f"{entry.task_text} -> {entry.trajectory}",
+                                         add_special_tokens=False)["input_ids"][: self.max_tokens] or [0]
                     x = torch.tensor([seq], device=device)  # [1, L]
                     h = decoder(input_ids=x).last_hidden_state
                     e = decoder.get_input_embeddings()(x)
-                    self.cache[i] = torch.cat([h, e], dim=-1).float()[0]  # [L, 2H]
-        out = []
-        for i in ids:
+                    fresh[i] = torch.cat([h, e], dim=-1).float()[0]  # [L, 2H]
+        self.cache.update(fresh)
+        out = [[self.cache[i] for i in row] for row in rows]
+        for i in wanted:
             self.cache.move_to_end(i)
-            out.append(self.cache[i])
         while len(self.cache) > self.cache_entries:
             self.cache.popitem(last=False)
         return out
