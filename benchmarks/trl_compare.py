@@ -115,7 +115,9 @@ def run_lopd(a) -> dict:
         f"rollout.tasks_per_step={a.tasks}", f"rollout.group_size={a.group}", f"rollout.max_new_tokens={a.new_tokens}",
         "rollout.temperature=1.0", "rollout.top_p=1.0", f"rollout.batch_size={per_step}", "rollout.engine=hf",
         f"train.max_rollouts={(a.steps + 1) * per_step}",  # one step more than run: fit stops before the final save
-        f"train.micro_batch_size={a.micro_batch or per_step}", "train.micro_batch_tokens=1000000000",
+        *([f"train.micro_batch_size={a.micro_batch or per_step}", "train.micro_batch_tokens=1000000000"]
+          if not a.memory_budget else  # lopd's own planner: micro-batches sized to the budget
+          ["train.micro_batch_size=0", "train.micro_batch_tokens=0", f"train.memory_budget_gib={a.memory_budget}"]),
         "train.activation_checkpointing=false", "train.epochs_per_batch=1", "train.minibatches=1",
         f"train.threads={a.threads}", "train.device=cpu", f"train.seed={a.seed}",
         f"optim.lr={a.lr}", "optim.weight_decay=0.0", "optim.beta1=0.9", "optim.beta2=0.99", "optim.grad_clip=1.0",
@@ -320,7 +322,7 @@ def run_one(a) -> None:
     result = (run_lopd if a.system == "lopd" else run_trl)(a)
     result.update(summarise(result["steps"], a.warmup))
     result["settings"] = {k: getattr(a, k) for k in ("tasks", "group", "new_tokens", "steps", "warmup", "threads",
-                                                     "lr", "micro_batch", "seed")}
+                                                     "lr", "micro_batch", "memory_budget", "seed")}
     print(json.dumps(result), flush=True)
 
 
@@ -331,7 +333,8 @@ def child(a, system: str, pair: str, log: Path) -> dict:
     python = TRL_PYTHON if system == "trl" else LOPD_PYTHON
     cmd = [str(python), str(Path(__file__).resolve()), "--system", system, "--pair", pair,
            *(f"--{k.replace('_', '-')}={getattr(a, k)}" for k in ("steps", "warmup", "tasks", "group", "new_tokens",
-                                                                  "threads", "lr", "micro_batch", "seed")),
+                                                                  "threads", "lr", "micro_batch", "memory_budget",
+                                                                  "seed")),
            *(["--model", a.model] if a.model else [])]
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "MKL_NUM_THREADS": str(a.threads),
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -370,7 +373,7 @@ def drive(a) -> None:
     out: dict = {"label": "smoke run (a harness check, not figures)" if a.smoke else "measurement",
                  "command": " ".join(["python", "benchmarks/trl_compare.py", *sys.argv[1:]]),
                  "settings": {k: getattr(a, k) for k in ("tasks", "group", "new_tokens", "steps", "warmup", "threads",
-                                                         "lr", "micro_batch", "seed", "repeats")},
+                                                         "lr", "micro_batch", "memory_budget", "seed", "repeats")},
                  "machine": _machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "pairs": {}}
     start = time.perf_counter()
     for pair in pairs:
@@ -490,6 +493,9 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=2, help="torch threads (and OMP_NUM_THREADS in the driver)")
     p.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate (both sides)")
     p.add_argument("--micro-batch", type=int, default=0, help="sequences per forward/backward (0: the whole step)")
+    p.add_argument("--memory-budget", type=float, default=0.0,
+                   help="lopd side: micro-batches planned under this many GiB (train.memory_budget_gib) instead of "
+                        "the whole step in one (0: off, equal work with TRL)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default="", help="HF model folder (default: lopd.models.smollm2_folder())")
     p.add_argument("--timeout", type=int, default=7200, help="driver: seconds per process")
