@@ -376,7 +376,16 @@ def drive(a) -> None:
                                                          "lr", "micro_batch", "memory_budget", "seed", "repeats")},
                  "machine": _machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "pairs": {}}
     start = time.perf_counter()
+    json_path = Path(a.out_json or (logs / "trl_compare.json" if a.smoke else ROOT / "benchmarks" / "trl_compare.json"))
+    if json_path.is_file():  # resumable: pairs measured before with the same settings are kept, not rerun
+        before = json.loads(json_path.read_text())
+        if before.get("settings") == out["settings"]:
+            out["pairs"] = {k: v for k, v in before.get("pairs", {}).items() if k in pairs}
+            out["started"] = before.get("started", out["started"])
     for pair in pairs:
+        if pair in out["pairs"]:
+            print(f"pair {pair}: measured before ({json_path}), kept", flush=True)
+            continue
         b_system, b_pair = ("lopd", "grpo") if pair == "lopd" else ("trl", pair)
         print(f"pair {pair}: lopd/{pair} vs {b_system}/{b_pair}, {a.repeats} x A B", flush=True)
         runs_a, runs_b = [], []
@@ -391,9 +400,9 @@ def drive(a) -> None:
         summary["step_ratio_per_repeat"] = [b["median_step_s"] / x["median_step_s"] for x, b in zip(runs_a, runs_b)]
         out["pairs"][pair] = {"A": f"lopd {pair}", "B": TRL_CLASS[pair] if b_system == "trl" else "lopd grpo",
                               "summary": summary, "runs_A": runs_a, "runs_B": runs_b}
-    out["wall_s"] = time.perf_counter() - start
-    json_path = Path(a.out_json or (logs / "trl_compare.json" if a.smoke else ROOT / "benchmarks" / "trl_compare.json"))
-    json_path.write_text(json.dumps(out, indent=1) + "\n")
+        out["wall_s"] = out.get("wall_s", 0.0) + time.perf_counter() - start
+        start = time.perf_counter()
+        json_path.write_text(json.dumps(out, indent=1) + "\n")  # after every pair: a stopped driver loses one pair
     render(a, json_path)
 
 

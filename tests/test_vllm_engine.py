@@ -554,6 +554,13 @@ def _vllm_interpreter() -> str | None:
     return python if ok else None
 
 
+def _trainer_interpreter() -> str:
+    """The trainer runs in lopd's own environment (the main lock: tensorboard, matplotlib, ...), the server in
+    vLLM's: the repository's .venv when this test itself runs under .venv-vllm."""
+    main = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "python"
+    return str(main) if main.exists() else sys.executable
+
+
 @pytest.mark.vllm
 @pytest.mark.parametrize("lora", [True, False])
 def test_lopd_train_with_the_vllm_engine(tmp_path, lora):
@@ -575,7 +582,7 @@ def test_lopd_train_with_the_vllm_engine(tmp_path, lora):
             "rollout.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=24", "train.max_rollouts=24",
             "eval.every_rollouts=0", "eval.max_tasks=4", "env.toolworld.n_train=40", "env.toolworld.n_test=8",
             "env.toolworld.n_transfer=8", "optim.lr=1e-2"]
-    out = subprocess.run([sys.executable, "-m", "lopd.cli", *args], capture_output=True, text=True, timeout=1200,
+    out = subprocess.run([_trainer_interpreter(), "-m", "lopd.cli", *args], capture_output=True, text=True, timeout=1200,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [r for r in RunDir(run_dir).read_metrics() if r["kind"].startswith("train")]

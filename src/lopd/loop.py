@@ -545,7 +545,14 @@ def _terminated_as_interrupt() -> Iterator[None]:
 def _tensorboard(run: RunDir, cfg: Config, purge_step: int | None):
     if not cfg.run.tensorboard:
         return None
-    from torch.utils.tensorboard import SummaryWriter
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as e:  # metrics.jsonl holds every number anyway
+        import warnings
+
+        warnings.warn(f"run.tensorboard: {e}; writing metrics.jsonl only (pip install tensorboard, or "
+                      f"run.tensorboard=false to silence this)")
+        return None
 
     return SummaryWriter(log_dir=str(run.path / "tb"), purge_step=purge_step)
 
