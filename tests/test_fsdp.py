@@ -29,7 +29,10 @@ def _sharded(algorithm, run_dir, steps=None, **extra):
     return _overrides(algorithm, run_dir, steps=steps or STEPS[algorithm], **{"train.fsdp": "true", **UNCLIPPED, **extra})
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "opsd", "lopd"])
+# LOPD in `make test` (it covers the policy, a sharded frozen copy, the composer and the encoder's union);
+# GRPO, OPSD and the resume test under `slow`, to keep the default suite under 15 minutes on 2 cores
+@pytest.mark.parametrize("algorithm", [pytest.param("grpo", marks=pytest.mark.slow),
+                                       pytest.param("opsd", marks=pytest.mark.slow), "lopd"])
 def test_two_sharded_ranks_equal_one_process(tmp_path, algorithm):
     run_single(_overrides(algorithm, tmp_path / "one", steps=STEPS[algorithm], **UNCLIPPED))
     run_ranks(_sharded(algorithm, tmp_path / "two"))
@@ -39,6 +42,7 @@ def test_two_sharded_ranks_equal_one_process(tmp_path, algorithm):
         assert any(r.get("context/retrieved_per_task", 0) > 0 for r in one["rows"])
 
 
+@pytest.mark.slow
 def test_a_sharded_run_resumes_on_one_process(tmp_path):
     run_ranks(_sharded("lopd", tmp_path / "whole", steps=4))
     stopped = _sharded("lopd", tmp_path / "stopped", steps=4)
