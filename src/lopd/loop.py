@@ -145,7 +145,7 @@ def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatc
                 good = bool(torch.isfinite(loss.detach()))
                 if not good:
                     finite = False
-                    bad_losses += 1
+                    bad_losses += 0 if zero else 1  # a zero-weight stand-in repeats a row counted already
                     if not sharded:  # sharded: the backward still runs (its collectives); the step is skipped
                         continue
                 if loss.requires_grad:  # a pass may train nothing (a frozen composer's composer-only pass)
