@@ -27,6 +27,9 @@ vLLM engine are refused at start-up.
 
 Checkpoints hold full (unsharded) tensors, written by rank 0 after a collective gather, so a sharded run
 resumes on any number of ranks, sharded or not, and `lopd eval` reads it as it reads any run.
+
+Checked against one process (tests/test_fsdp.py): GRPO, OPSD and LOPD with frozen teachers, bit for bit.
+Not yet checked: SDPO's EMA copy (sharded, lerped shard by shard) and the live teacher.
 """
 
 from __future__ import annotations
