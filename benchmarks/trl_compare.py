@@ -40,6 +40,8 @@ lopd is faster), peak RSS ratio = lopd / TRL (< 1: lopd uses less), per pair, fr
     .venv/bin/python benchmarks/trl_compare.py              # the full measurement (a quiet machine; ~1.5 h)
     .venv/bin/python benchmarks/trl_compare.py --smoke      # the harness end to end in ~4 min (not figures)
     .venv-trl/bin/python benchmarks/trl_compare.py --system trl --pair grpo --steps 4 --warmup 1
+    .venv/bin/python benchmarks/trl_compare.py --system lopd --pair grpo --steps 2 --warmup 1 \
+        --profile benchmarks/profile/grpo.md                # where a step's time goes, per operator family
 """
 
 from __future__ import annotations
@@ -122,7 +124,7 @@ def run_lopd(a) -> dict:
         f"train.threads={a.threads}", "train.device=cpu", f"train.seed={a.seed}",
         f"optim.lr={a.lr}", "optim.weight_decay=0.0", "optim.beta1=0.9", "optim.beta2=0.99", "optim.grad_clip=1.0",
         "optim.warmup_steps=0", "run.checkpoint_every=1000", "run.tensorboard=false", "run.progress=false",
-        f"run.dir={tmp}/run",
+        f"run.dir={tmp}/run", f"optim.fused={str(a.fused).lower()}",
     ] + method
     cfg = load_config(name, overrides)
     t0 = time.perf_counter()
@@ -135,7 +137,13 @@ def run_lopd(a) -> dict:
         session.run.config_path.write_text(to_yaml(cfg))
         state = restore(session)
         setup_s, setup_rss = time.perf_counter() - t0, peak_rss_mib()
-        fit(session, state, stop_after=a.steps, quiet=True)
+        if a.profile:  # the measured steps under torch.profiler: the warm-up first, outside it
+            fit(session, state, stop_after=a.warmup, quiet=True)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                fit(session, state, stop_after=a.steps - a.warmup, quiet=True)
+            write_profile(prof, Path(a.profile), a)
+        else:
+            fit(session, state, stop_after=a.steps, quiet=True)
     finally:
         session.run.release()
     rows = [json.loads(line) for line in open(Path(tmp) / "run" / "metrics.jsonl")]
@@ -155,6 +163,59 @@ def run_lopd(a) -> dict:
     return {"system": "lopd", "pair": a.pair, "method": f"lopd {name} " + " ".join(method), "steps": steps,
             "setup_s": setup_s, "setup_peak_rss_mib": setup_rss, "peak_rss_mib": peak_rss_mib(),
             "versions": {"lopd": lopd.__version__, "torch": torch.__version__, **_versions("transformers")}}
+
+
+# operator families of a transformer step: what the model's own arithmetic is, and what is not
+FAMILIES = (
+    ("matmul (linear layers, output head; forward and backward)", ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear",
+                                                                    "aten::matmul", "aten::baddbmm")),
+    ("attention (scaled dot product, its backward)", ("scaled_dot_product", "_flash_attention", "_efficient_attention")),
+    ("softmax / log-softmax / logsumexp (loss and sampling)", ("softmax", "logsumexp", "log_softmax")),
+    ("elementwise and norms (activations, RMSNorm, rotary, residual adds)", ("aten::mul", "aten::add", "aten::silu",
+                                                                              "aten::rsqrt", "aten::pow", "aten::mean",
+                                                                              "aten::neg", "aten::div", "aten::sub",
+                                                                              "aten::cat", "silu_backward", "aten::exp",
+                                                                              "aten::sum", "aten::where")),
+    ("fused AdamW kernels", ("_foreach_", "_fused_adam")),
+    ("copies and allocation", ("aten::copy_", "aten::to", "aten::_to_copy", "aten::empty", "aten::zeros",
+                               "aten::fill_", "aten::clone", "aten::contiguous", "aten::index", "aten::gather",
+                               "aten::scatter")),
+)
+
+
+def family_of(name: str) -> str:
+    for family, keys in FAMILIES:
+        if any(k in name for k in keys):
+            return family
+    return "other"
+
+
+def write_profile(prof, path: Path, a) -> None:
+    """Self CPU time per operator over the measured steps, the top 25 and the totals per family, as markdown
+    (and the raw table beside it). The profiled process's wall time minus the operators' self time is what
+    the Python around them costs (the loop, tokenisation, the env's checker)."""
+    events = prof.key_averages()
+    total_us = sum(e.self_cpu_time_total for e in events)
+    by_family: dict[str, float] = {}
+    for e in events:
+        by_family[family_of(e.key)] = by_family.get(family_of(e.key), 0.0) + e.self_cpu_time_total
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:25]
+    adamw_us = sum(e.cpu_time_total for e in events if e.key.startswith("Optimizer.step#"))
+    lines = [f"# torch.profiler: lopd {a.pair}, {a.steps - a.warmup} measured step(s) after {a.warmup} warm-up",
+             "", f"{a.tasks} prompts x {a.group} samples, {a.new_tokens} new tokens, {a.threads} threads, "
+             f"memory budget {a.memory_budget or 'off'} GiB, AdamW {'fused' if a.fused else 'for-loop (torch default on CPU)'}. "
+             f"Operators' self CPU time: {total_us / 1e6:.1f} s; AdamW's step with every kernel it runs: "
+             f"{adamw_us / 1e6:.1f} s (its for-loop kernels count as elementwise below).",
+             "", "| operator family | self CPU s | share |", "|---|---:|---:|"]
+    for family, us in sorted(by_family.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {family} | {us / 1e6:.1f} | {100 * us / total_us:.1f}% |")
+    lines += ["", "| operator | calls | self CPU s | share |", "|---|---:|---:|---:|"]
+    for e in top:
+        lines.append(f"| `{e.key}` | {e.count} | {e.self_cpu_time_total / 1e6:.2f} | {100 * e.self_cpu_time_total / total_us:.1f}% |")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    path.with_suffix(".txt").write_text(events.table(sort_by="self_cpu_time_total", row_limit=60))
+    print(f"profile: {path}", file=sys.stderr)
 
 
 def _versions(*names: str) -> dict:
@@ -515,6 +576,9 @@ def main(argv=None) -> None:
     p.add_argument("--out-md", default="", help="driver: the markdown file whose `results` (or `smoke`) block is "
                    "rewritten (default benchmarks/trl_compare.md)")
     p.add_argument("--render", default="", help="only rewrite the markdown block from this driver JSON")
+    p.add_argument("--fused", action="store_true", help="per-process lopd mode: optim.fused=true (AdamW's fused kernel)")
+    p.add_argument("--profile", default="", help="per-process lopd mode: run the measured steps under torch.profiler "
+                   "and write the operator table here (markdown; the raw table beside it as .txt)")
     a = p.parse_args(argv)
     if a.smoke:
         a.tasks, a.group, a.new_tokens, a.steps, a.warmup, a.threads, a.repeats = 2, 2, 8, 2, 1, 1, 1

@@ -274,6 +274,9 @@ class OptimConfig:
     beta2: float = _help("AdamW beta2", 0.99)
     grad_clip: float = _help("clip the gradient norm to this (0 = off)", 1.0)
     warmup_steps: int = _help("linear learning-rate warm-up steps", 0)
+    fused: bool = _help("AdamW's fused kernel (torch's fused=True: one kernel per group, not several per parameter; "
+                        "faster on CPU and GPU). Off by default: it changes the last bits of every update, so the "
+                        "figures recorded in benchmarks/RESULTS.md are reproduced to the digit with it off", False)
 
 
 @dataclass

@@ -113,11 +113,11 @@ def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatc
     device = params[0].device
     sharded = fsdp.is_sharded(model)
     first, local_n = world.rank * len(batch), len(batch)  # this rank's rows in the global batch
-    prompt_len = batch.prompt_mask.sum(-1)  # [B]
+    kept_prompts = algorithm.kept_prompt_lengths(batch, ctx)  # [F, B] the forwards whose activations are kept
     used = batch.attention
     completion_len = torch.where(used.any(-1), used.shape[1] - used.flip(-1).float().argmax(-1), 0)  # [B] last attended + 1
     max_tokens = t.micro_batch_tokens or microbatch.token_budget(
-        model, device, t.memory_budget_gib, int((prompt_len + completion_len).max()), algorithm.kept_forwards)
+        model, device, t.memory_budget_gib, int((kept_prompts + completion_len).max()), 1, measure=not sharded)
     sums: dict[str, float] = {}  # weighted by global weights: summed over ranks at the end
     shared = {"health/skipped_steps": 0.0, "optim/grad_norm": 0.0}  # identical on every rank
     bad_losses = 0.0
@@ -129,7 +129,7 @@ def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatc
             optimizer.zero_grad(set_to_none=True)
             weight_total = dist.all_sum(world, {"w": _weight(batch.select(mb_index), cfg)})["w"]
             finite = True
-            micros = microbatch.plan(prompt_len, completion_len, mb_index, t.micro_batch_size, max_tokens)
+            micros = microbatch.plan(kept_prompts, completion_len, mb_index, t.micro_batch_size, max_tokens)
             if sharded:  # every rank runs as many forwards/backwards: the extra ones weigh nothing
                 micros += [None] * (int(dist.all_max(world, len(micros))) - len(micros))
             for micro in micros:
@@ -270,7 +270,7 @@ def build(cfg: Config, env: Env | None = None) -> Session:
             fsdp.shard(module, device)
     groups = [{"params": trainable_parameters(model), "lr": cfg.optim.lr}] + algorithm.param_groups()
     optimizer = torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
-                                  weight_decay=cfg.optim.weight_decay)
+                                  weight_decay=cfg.optim.weight_decay, fused=cfg.optim.fused or None)
     warmup = max(1, cfg.optim.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
     from lopd.engines import rollout_engine

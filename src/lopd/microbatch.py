@@ -8,18 +8,28 @@ similar lengths and is trimmed to its own longest prompt and completion; the cos
 padded size, rows x (longest prompt + longest completion). Within a micro-batch the sequences keep their
 order in the minibatch, so when everything fits in one micro-batch nothing changes at all.
 
-The activation estimate per padded token, for a forward whose activations are kept for the backward
-(float32 unless the model is bf16/fp16), per decoder layer: about 12 hidden-size vectors (norm inputs and
-outputs, q/k/v/o, residuals), 3 intermediate-size vectors (gate, up, their product), and an attention
-row of the sequence's length per head (CPU attention materialises it). LOPD keeps a second such forward,
-its teacher's, for the gradient into the composer. The budget also holds the weights, gradients and
-AdamW's two moments of the trained parameters. Measured against real peaks in benchmarks/RESULTS.md.
+What a padded token costs is measured, not guessed: `kept_bytes_per_token` runs one forward of the
+policy's decoder over two dummy rows of the step's longest length (one of them left-padded, so attention
+takes the masked path real batches take) under `torch.autograd.graph.saved_tensors_hooks`, and counts
+every storage autograd keeps for the backward once, parameters excluded. That is cached per model and
+length bucket (a forward per 64 tokens of length, once per run), and draws no random numbers from the
+training stream. LOPD keeps a second such forward, its latent teacher's, for the gradient into the
+composer, over a longer prompt (the slots): `Algorithm.kept_prompt_lengths` names each kept forward's
+prompt lengths, and a micro-batch's padded size sums over them. The budget also holds the weights, gradients and AdamW's two moments of the
+trained parameters. Under `train.fsdp` (a forward there is a collective) the planner uses
+`activation_bytes_per_token`, the count of vectors per layer that docs/scaling.md plans with, which is
+low on CPU. Measured against real peaks in benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
+
+LENGTH_BUCKET = 64  # kept bytes are measured at the step's longest length rounded up to this
+_measured: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {(length, mode): bytes}
 
 
 def available_memory_bytes(device: torch.device) -> int:
@@ -56,6 +66,37 @@ def activation_bytes_per_token(model, sequence_length: int, forwards_kept: int =
     return int(layers * per_layer * dtype_bytes * forwards_kept)
 
 
+def kept_bytes_per_token(model, sequence_length: int) -> int:
+    """Bytes autograd keeps for the backward per padded token of one forward of `model`'s decoder at
+    `sequence_length` (rounded up to LENGTH_BUCKET), measured on two dummy rows; cached per model."""
+    from lopd.tokens import decoder_and_head, positions
+
+    decoder, _ = decoder_and_head(model)
+    length = max(2, -(-sequence_length // LENGTH_BUCKET) * LENGTH_BUCKET)
+    key = (length, decoder.training, checkpointing_on(model.get_base_model() if hasattr(model, "get_base_model") else model))
+    cache = _measured.setdefault(model, {})
+    if key not in cache:
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        kept: dict[int, int] = {}
+
+        def pack(t: Tensor) -> Tensor:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in params and t.device.type != "meta":
+                kept[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        device = next(model.parameters()).device
+        mask = torch.ones(2, length, dtype=torch.long, device=device)
+        mask[1, 0] = 0  # a left-padded row: the attention mask is real, as in a training batch
+        ids = torch.zeros(2, length, dtype=torch.long, device=device)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.enable_grad(), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = decoder(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).last_hidden_state
+            del out
+        cache[key] = sum(kept.values()) // (2 * length)
+    return cache[key]
+
+
 def checkpointing_on(model) -> bool:
     """Whether Hugging Face activation checkpointing is enabled on `model` (either property name)."""
     name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
@@ -69,32 +110,39 @@ def trained_state_bytes(model) -> int:
     return 4 * trained + frozen
 
 
-def token_budget(model, device: torch.device, budget_gib: float, sequence_length: int, forwards_kept: int) -> int:
+def token_budget(model, device: torch.device, budget_gib: float, sequence_length: int, forwards_kept: int,
+                 measure: bool = True) -> int:
     """Padded tokens per micro-batch whose activations fit in `budget_gib` of memory, the trained state
-    counted first (0: half of what is available now)."""
+    counted first (0: half of what is available now); kept bytes measured (`measure`) or estimated."""
     budget = budget_gib * 2**30 if budget_gib > 0 else available_memory_bytes(device) // 2
-    per_token = activation_bytes_per_token(model, sequence_length, forwards_kept)
+    per_token = (kept_bytes_per_token(model, sequence_length) * forwards_kept if measure
+                 else activation_bytes_per_token(model, sequence_length, forwards_kept))
     return max(1, int((budget - trained_state_bytes(model)) // per_token))
 
 
 def plan(prompt_lengths: Tensor, completion_lengths: Tensor, index: Tensor, max_rows: int, max_tokens: int) -> list[Tensor]:
     """Split the rows `index` into micro-batches of at most `max_rows` rows (0: no limit) whose padded size
-    rows x (longest prompt + longest completion) stays within `max_tokens` (0: no limit); longest first.
+    stays within `max_tokens` (0: no limit); longest first. prompt_lengths: [B], or [F, B] for F forwards
+    whose activations are all kept (LOPD: the student's prompt, and the latent teacher's prompt with its
+    slots); the padded size is rows x sum over forwards of (longest prompt + longest completion).
     Each micro-batch keeps its rows in their order within `index`. A row longer than `max_tokens` on its
     own still gets a micro-batch of its own."""
+    prompts = prompt_lengths.reshape(-1, prompt_lengths.shape[-1]).tolist()  # [F][B]
+    forwards = len(prompts)
     position = {int(i): p for p, i in enumerate(index.tolist())}
-    by_length = sorted(index.tolist(), key=lambda i: (-int(prompt_lengths[i] + completion_lengths[i]), position[i]))
+    size = {i: sum(f[i] for f in prompts) + forwards * int(completion_lengths[i]) for i in position}
+    by_length = sorted(position, key=lambda i: (-size[i], position[i]))
     groups: list[list[int]] = []
     current: list[int] = []
-    longest_p = longest_c = 0
+    longest_p, longest_c = [0] * forwards, 0
     for i in by_length:
-        p, c = int(prompt_lengths[i]), int(completion_lengths[i])
-        grown = (len(current) + 1) * (max(longest_p, p) + max(longest_c, c))
+        p, c = [f[i] for f in prompts], int(completion_lengths[i])
+        grown = (len(current) + 1) * (sum(map(max, longest_p, p)) + forwards * max(longest_c, c))
         if current and ((max_rows and len(current) >= max_rows) or (max_tokens and grown > max_tokens)):
             groups.append(current)
-            current, longest_p, longest_c = [], 0, 0
+            current, longest_p, longest_c = [], [0] * forwards, 0
         current.append(i)
-        longest_p, longest_c = max(longest_p, p), max(longest_c, c)
+        longest_p, longest_c = list(map(max, longest_p, p)), max(longest_c, c)
     if current:
         groups.append(current)
     return [torch.tensor(sorted(g, key=position.__getitem__), dtype=torch.long) for g in groups]

@@ -67,7 +67,6 @@ class Algorithm:
     """Base class; subclasses set `name` and implement `build_context` and `loss`."""
 
     name: str = ""
-    kept_forwards: int = 1  # forwards per micro-batch whose activations wait for the backward (memory planning)
 
     def __init__(self, cfg: "Config"):
         self.cfg = cfg
@@ -83,6 +82,11 @@ class Algorithm:
 
     def loss(self, batch: "RolloutBatch", ctx: Context, student: "TokenStats") -> tuple[Tensor, dict[str, float]]:
         raise NotImplementedError
+
+    def kept_prompt_lengths(self, batch: "RolloutBatch", ctx: Context) -> Tensor:
+        """Prompt lengths of each forward per micro-batch whose activations wait for the backward, for the
+        memory planner: the student's alone by default.   [F, B]"""
+        return batch.prompt_mask.sum(-1)[None]
 
     def param_groups(self) -> list[dict]:
         """Optimizer parameter groups besides the policy's (LOPD's composer, with its own lr)."""

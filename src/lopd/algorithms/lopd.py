@@ -82,7 +82,6 @@ class RetrievalMixin:
 
 class LOPD(RetrievalMixin, SelfDistillation):
     name = "lopd"
-    kept_forwards = 2  # the student's and the latent teacher's (its gradient reaches the composer)
 
     def needs_reference(self) -> bool:
         return True  # pi_0, the context-free frozen model, for Delta
@@ -102,6 +101,18 @@ class LOPD(RetrievalMixin, SelfDistillation):
                                  gate_init=c.gate_init, copy_tokens=copy).to(runtime.get("device", "cpu"))
         self.composer.requires_grad_(c.train_composer)
         self.lam = c.margin_coef
+
+    def kept_prompt_lengths(self, batch, ctx: RetrievalContext) -> torch.Tensor:
+        """The student's prompts and the latent teacher's (its gradient reaches the composer): the prompt
+        plus its slots, one per context token (at most K) over the experiences, or K.   [2, B]"""
+        c = self.cfg.algorithm.lopd
+        if not c.train_composer:
+            return super().kept_prompt_lengths(batch, ctx)
+        prompt = batch.prompt_mask.sum(-1)  # [B]
+        count = (lambda t: len(self.tokenizer(t, add_special_tokens=False)["input_ids"])) if self.composer.copy_tokens \
+            else (lambda t: c.latent_tokens)
+        slots = torch.tensor([min(c.latent_tokens, count(t)) if has else 0 for t, has in zip(ctx.texts, ctx.has_context.tolist())])
+        return torch.stack([prompt, prompt + slots])
 
     def param_groups(self) -> list[dict]:
         params = [p for p in self.composer.parameters() if p.requires_grad]
