@@ -104,15 +104,11 @@ class LOPD(RetrievalMixin, SelfDistillation):
 
     def kept_prompt_lengths(self, batch, ctx: RetrievalContext) -> torch.Tensor:
         """The student's prompts and the latent teacher's (its gradient reaches the composer): the prompt
-        plus its slots, one per context token (at most K) over the experiences, or K.   [2, B]"""
-        c = self.cfg.algorithm.lopd
-        if not c.train_composer:
-            return super().kept_prompt_lengths(batch, ctx)
+        and its K slot columns (absent slots are masked, but their columns are computed).   [2, B]"""
         prompt = batch.prompt_mask.sum(-1)  # [B]
-        count = (lambda t: len(self.tokenizer(t, add_special_tokens=False)["input_ids"])) if self.composer.copy_tokens \
-            else (lambda t: c.latent_tokens)
-        slots = torch.tensor([min(c.latent_tokens, count(t)) if has else 0 for t, has in zip(ctx.texts, ctx.has_context.tolist())])
-        return torch.stack([prompt, prompt + slots])
+        if not self.cfg.algorithm.lopd.train_composer:
+            return prompt[None]
+        return torch.stack([prompt, prompt + self.cfg.algorithm.lopd.latent_tokens])
 
     def param_groups(self) -> list[dict]:
         params = [p for p in self.composer.parameters() if p.requires_grad]
