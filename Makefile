@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(BIN)/lopd demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow

@@ -86,6 +86,7 @@ def test_cli_train_resume_and_eval_end_to_end(tmp_path):
     assert "| **all** |" in out.stdout and "step_000006" in out.stdout
 
 
+@pytest.mark.slow  # tests/test_faults.py kills the CLI at named failpoints in the default suite
 def test_cli_killed_mid_run_resumes_to_the_same_weights(tmp_path):
     reference = train(load_config("grpo", small_overrides(tmp_path / "ref", **{"train.max_rollouts": 48})), quiet=True)
     run_dir = tmp_path / "killed"

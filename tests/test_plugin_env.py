@@ -32,7 +32,7 @@ def _rows(run_dir):
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "lopd"])
+@pytest.mark.parametrize("algorithm", [pytest.param("grpo", marks=pytest.mark.slow), "lopd"])
 def test_cli_trains_and_resumes_a_plugin_env(tmp_path, algorithm):
     run_dir = tmp_path / "run"
     done = lopd("train", "--config", algorithm, *_small(run_dir, **{"train.max_rollouts": 16}))
