@@ -104,10 +104,14 @@ def checkpointing_on(model) -> bool:
 
 
 def trained_state_bytes(model) -> int:
-    """Weights + gradients + AdamW's two moments of the trained parameters, plus the frozen weights once."""
+    """Weights + gradients + AdamW's two moments of the trained parameters, plus the frozen weights once,
+    plus the teachers' full-model weight copies of `model` (a full fine-tune's frozen teacher, EMA)."""
+    from lopd.teacher import copies_of
+
     trained = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
-    return 4 * trained + frozen
+    copies = sum(p.numel() * p.element_size() for c in copies_of(model) for p in c.parameters())
+    return 4 * trained + frozen + copies
 
 
 def token_budget(model, device: torch.device, budget_gib: float, sequence_length: int, forwards_kept: int,
