@@ -15,8 +15,9 @@ every storage autograd keeps for the backward once, parameters excluded. That is
 length bucket (a forward per 64 tokens of length, once per run), and draws no random numbers from the
 training stream. LOPD keeps a second such forward, its latent teacher's, for the gradient into the
 composer, over a longer prompt (the slots): `Algorithm.kept_prompt_lengths` names each kept forward's
-prompt lengths, and a micro-batch's padded size sums over them. The budget also holds the weights, gradients and AdamW's two moments of the
-trained parameters. Under `train.fsdp` (a forward there is a collective) the planner uses
+prompt lengths, and a micro-batch's padded size sums over them. The budget also holds the weights,
+gradients and AdamW's two moments of the trained parameters, and the teachers' weight copies. Under
+`train.fsdp` (a forward there is a collective) the planner uses
 `activation_bytes_per_token`, the count of vectors per layer that docs/scaling.md plans with, which is
 low on CPU. Measured against real peaks in benchmarks/RESULTS.md.
 """
@@ -51,7 +52,7 @@ def activation_bytes_per_token(model, sequence_length: int, forwards_kept: int =
     """Bytes of kept activations per padded token of one micro-batch (see the module doc). On CUDA the
     attention kernels keep no row of attention weights; with activation checkpointing on, a layer keeps
     only its input (one hidden-size vector)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = _base(model)
     config = base.config
     hidden = config.hidden_size
     inter = getattr(config, "intermediate_size", 4 * hidden)
@@ -73,7 +74,7 @@ def kept_bytes_per_token(model, sequence_length: int) -> int:
 
     decoder, _ = decoder_and_head(model)
     length = max(2, -(-sequence_length // LENGTH_BUCKET) * LENGTH_BUCKET)
-    key = (length, decoder.training, checkpointing_on(model.get_base_model() if hasattr(model, "get_base_model") else model))
+    key = (length, decoder.training, checkpointing_on(_base(model)))
     cache = _measured.setdefault(model, {})
     if key not in cache:
         params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -81,7 +82,7 @@ def kept_bytes_per_token(model, sequence_length: int) -> int:
 
         def pack(t: Tensor) -> Tensor:
             storage = t.untyped_storage()
-            if storage.data_ptr() not in params and t.device.type != "meta":
+            if storage.data_ptr() not in params:
                 kept[storage.data_ptr()] = storage.nbytes()
             return t
 
@@ -95,6 +96,11 @@ def kept_bytes_per_token(model, sequence_length: int) -> int:
             del out
         cache[key] = sum(kept.values()) // (2 * length)
     return cache[key]
+
+
+def _base(model):
+    """The Hugging Face model under a peft wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def checkpointing_on(model) -> bool:
