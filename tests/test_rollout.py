@@ -55,3 +55,43 @@ def test_sampler_logprobs_equal_training_forward(tiny, prompts, temperature):
     lp = stats.logprobs()
     m = s.completion_mask.bool()
     assert (lp - s.sampler_logprobs)[m].abs().max() < 1e-4
+
+
+def test_chunks_split_only_where_the_attention_bound_is_passed():
+    from lopd.rollout import decode_chunks as chunks
+
+    # bound 100 elements, extra 0: rows x longest^2 <= 100
+    assert chunks([3, 3, 3], batch_size=8, max_elements=100) == [range(0, 3)]  # 3 x 9 = 27
+    assert chunks([3, 3, 3, 3, 3], batch_size=2, max_elements=100) == [range(0, 2), range(2, 4), range(4, 5)]
+    assert chunks([3, 6, 3], batch_size=8, max_elements=100) == [range(0, 2), range(2, 3)]  # 2 x 36 = 72; 3 x 36 > 100
+    assert chunks([2, 20, 2, 2], batch_size=8, max_elements=100) == [range(0, 1), range(1, 2), range(2, 4)]  # 400 alone
+    assert chunks([4, 4], batch_size=8, extra=1, max_elements=50) == [range(0, 2)]  # 2 x 25 = 50
+    assert chunks([4, 4], batch_size=8, extra=2, max_elements=50) == [range(0, 1), range(1, 2)]  # 2 x 36 > 50
+    assert chunks([], batch_size=4) == []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_chunks_cover_every_prompt_in_order_within_the_bounds(seed):
+    from lopd.rollout import decode_chunks as chunks
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 60, (int(torch.randint(1, 40, (1,), generator=g)),), generator=g).tolist()
+    size, bound = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 20_000, (1,), generator=g))
+    parts = chunks(lengths, size, extra=5, max_elements=bound)
+    assert [i for r in parts for i in r] == list(range(len(lengths)))
+    for r in parts:
+        assert 1 <= len(r) <= size
+        assert len(r) == 1 or len(r) * (max(lengths[i] for i in r) + 5) ** 2 <= bound
+    for a, b in zip(parts, parts[1:]):  # each chunk is as long as the bounds allow: one more row would pass one
+        grown = range(a.start, b.start + 1)
+        assert len(grown) > size or len(grown) * (max(lengths[i] for i in grown) + 5) ** 2 > bound
+
+
+def test_long_prompts_decode_in_smaller_batches_with_the_same_result(tiny, prompts):
+    model, tok = tiny
+    bounded = sample(model, tok, prompts, temperature=0, max_new_tokens=16, max_attention_elements=1)  # one per batch
+    alone = [sample(model, tok, [p], temperature=0, max_new_tokens=16) for p in prompts]
+    assert bounded.texts == [a.texts[0] for a in alone]
+    for i, a in enumerate(alone):
+        n = int(a.completion_mask.sum())
+        assert torch.equal(bounded.sampler_logprobs[i, :n], a.sampler_logprobs[0, :n])

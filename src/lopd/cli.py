@@ -62,7 +62,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from lopd.evaluation import category_table, evaluate_model
+    from lopd.evaluation import EvalResult, category_table, evaluate_model
 
     args.overrides += [s for s in args.split or [] if "=" in s]  # argparse's nargs="+" swallows them
     args.split = [s for s in args.split or [] if "=" not in s]
@@ -76,24 +76,51 @@ def cmd_eval(args) -> int:
         elif not args.split and name != "toolworld":
             args.split = ["test"]
     if args.run:
-        source = args.run
-        overrides = args.overrides
+        from lopd.runs import RunDir
+
+        source, overrides = args.run, args.overrides
+        run = RunDir(args.run)
+        if not run.exists():
+            raise ConfigError(f"{args.run}: not a run directory (no config.yaml)")
+        cfg = load_config(run.config_path, overrides)
+        checkpoint = str(ckpt) if (ckpt := run.latest_checkpoint()) is not None else "initial weights"
     else:
         source = load_config(config_path(args.config), args.overrides + ([f"model.name={args.model}"] if args.model else []))
-        overrides = []
-    results = evaluate_model(source, splits=args.split or None, overrides=overrides)
-    cfg = results[0].config
-    print(f"model: {cfg.model.name} ({results[0].checkpoint}); env: {cfg.env.name}; decoding: "
+        overrides, cfg, checkpoint = [], source, "initial weights"
+    # --json is written after every split and resumed from: splits it already holds under the same
+    # settings are not evaluated again (a killed evaluation of a large benchmark keeps what it finished)
+    import hashlib
+
+    from lopd.config import to_dict
+
+    settings = {k: v for k, v in to_dict(cfg).items() if k != "run"}
+    header = {
+        "model": cfg.model.name, "checkpoint": checkpoint, "env": cfg.env.name, "max_tasks": cfg.eval.max_tasks,
+        "max_new_tokens": cfg.rollout.max_new_tokens, "temperature": cfg.eval.temperature,
+        "config_sha256": hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()}
+    wanted = list(args.split or cfg.env.eval_splits)
+    done: dict[str, dict] = {}
+    if args.json and Path(args.json).is_file():
+        previous = json.loads(Path(args.json).read_text())
+        if {k: previous.get(k) for k in header} == header:
+            done = dict(previous.get("splits", {}))
+            if kept := [s for s in wanted if s in done]:
+                print(f"{args.json}: {', '.join(kept)} already evaluated under these settings (kept)")
+        else:
+            print(f"{args.json}: written under other settings; evaluating every split again")
+
+    def save(r) -> None:
+        done[r.split] = r.summary()
+        if args.json:
+            Path(args.json).write_text(json.dumps({**header, "splits": done}, indent=1))
+
+    todo = [s for s in wanted if s not in done]
+    new = evaluate_model(source, splits=todo, overrides=overrides, on_result=save) if todo else []
+    by_split = {**{s: EvalResult.from_summary(s, d) for s, d in done.items()}, **{r.split: r for r in new}}
+    results = [by_split[s] for s in wanted]
+    print(f"model: {cfg.model.name} ({checkpoint}); env: {cfg.env.name}; decoding: "
           f"{'greedy' if cfg.eval.temperature <= 0 else f'temperature {cfg.eval.temperature}'}")
     print(category_table(results))
-    if args.json:
-        Path(args.json).write_text(json.dumps({
-            "model": cfg.model.name, "checkpoint": results[0].checkpoint, "env": cfg.env.name,
-            "max_tasks": cfg.eval.max_tasks, "max_new_tokens": cfg.rollout.max_new_tokens,
-            "temperature": cfg.eval.temperature,
-            "splits": {r.split: {"n": r.n, "success": r.success, "reward": r.reward, "modes": r.modes,
-                                 "per_category": r.per_category, "per_category_modes": r.per_category_modes}
-                       for r in results}}, indent=1))
     return 0
 
 
@@ -211,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", help="env to evaluate on, NAME or NAME:SPLIT (toolworld, acebench, bfcl:simple_python, "
                                  "humaneval, ...); default: the config's")
     p.add_argument("--split", nargs="+", help="splits to evaluate (default: env.eval_splits, or `test`)")
-    p.add_argument("--json", help="also write the results to this JSON file")
+    p.add_argument("--json", help="also write the results to this JSON file, after each split; a split it "
+                                  "already holds under the same config and checkpoint is not evaluated again")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=cmd_eval)
 

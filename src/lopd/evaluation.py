@@ -34,6 +34,17 @@ class EvalResult:
     checkpoint: str = ""  # which weights (set by evaluate_model)
     config: object = field(default=None, repr=False)  # the Config evaluated under (set by evaluate_model)
 
+    def summary(self) -> dict:
+        """The JSON-able figures (`lopd eval --json`), without samples, checkpoint and config."""
+        return {"n": self.n, "success": self.success, "reward": self.reward, "modes": self.modes,
+                "per_category": self.per_category, "per_category_modes": self.per_category_modes}
+
+    @classmethod
+    def from_summary(cls, split: str, d: dict) -> "EvalResult":
+        return cls(split=split, n=d["n"], success=d["success"], reward=d["reward"], modes=d.get("modes", {}),
+                   per_category={c: tuple(v) for c, v in d.get("per_category", {}).items()},
+                   per_category_modes=d.get("per_category_modes", {}))
+
     def metrics(self) -> dict[str, float]:
         out = {f"eval/{self.split}/success": self.success, f"eval/{self.split}/reward": self.reward}
         out.update({f"eval/{self.split}/success_{mode}": v for mode, v in self.modes.items()})
@@ -77,10 +88,11 @@ def evaluate(model, tokenizer, env: Env, split: str, *, max_tasks: int = 0, temp
 
 
 def evaluate_model(source, *, env: Env | None = None, splits: Sequence[str] | None = None,
-                   overrides: Sequence[str] = ()) -> list[EvalResult]:
+                   overrides: Sequence[str] = (), on_result=None) -> list[EvalResult]:
     """Evaluate a run directory's latest checkpoint (or, given a config, its model's initial weights) on
     `splits` (default: the config's `env.eval_splits`) of `env` (default: the config's env). Returns one
-    `EvalResult` per split; `EvalResult.checkpoint` says which weights were evaluated."""
+    `EvalResult` per split; `EvalResult.checkpoint` says which weights were evaluated. `on_result` is
+    called with each split's result as soon as it is done (the CLI saves it, so a killed run resumes)."""
     from lopd.config import Config, load_config, with_overrides
     from lopd.envs import build_env
     from lopd.errors import ConfigError
@@ -108,11 +120,15 @@ def evaluate_model(source, *, env: Env | None = None, splits: Sequence[str] | No
     if run is not None and (ckpt := run.latest_checkpoint()) is not None:
         load_weights(model, ckpt / "model")
         checkpoint = str(ckpt)
-    results = [evaluate(model, tokenizer, env, s, max_tasks=cfg.eval.max_tasks, temperature=cfg.eval.temperature,
-                        max_new_tokens=cfg.rollout.max_new_tokens, batch_size=cfg.eval.batch_size, seed=cfg.train.seed,
-                        max_turns=cfg.rollout.max_turns) for s in splits]
-    for r in results:
+    results = []
+    for s in splits:
+        r = evaluate(model, tokenizer, env, s, max_tasks=cfg.eval.max_tasks, temperature=cfg.eval.temperature,
+                     max_new_tokens=cfg.rollout.max_new_tokens, batch_size=cfg.eval.batch_size, seed=cfg.train.seed,
+                     max_turns=cfg.rollout.max_turns)
         r.checkpoint, r.config = checkpoint, cfg
+        results.append(r)
+        if on_result is not None:
+            on_result(r)
     return results
 
 

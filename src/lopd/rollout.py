@@ -113,6 +113,30 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
     return ids, mask
 
 
+# A padded batch attends through a [rows, L, L] mask (and, on CPU, a score tensor of that size per head):
+# about 5 bytes per element measured with the tiny policy. A chunk of prompts is split further when
+# rows x L^2 would pass this bound (L = its longest prompt + max_new_tokens), so a few very long
+# prompts (BFCL live_multiple: up to 27k tokens for the tiny policy's tokenizer) decode in small
+# batches instead of one batch that needs tens of GB. Batches under the bound are left as they are.
+MAX_ATTENTION_ELEMENTS = 2**28
+
+
+def decode_chunks(lengths: Sequence[int], batch_size: int, extra: int = 0,
+           max_elements: int = MAX_ATTENTION_ELEMENTS) -> list[range]:
+    """Consecutive index ranges of at most `batch_size` prompts whose rows x (longest + extra)^2 stays
+    within `max_elements` (a prompt that alone passes it decodes alone). Order is kept."""
+    out, start, longest = [], 0, 0
+    for i, n in enumerate(lengths):
+        rows, wide = i - start + 1, max(longest, n)
+        if rows > 1 and (rows > batch_size or rows * (wide + extra) ** 2 > max_elements):
+            out.append(range(start, i))
+            start, wide = i, n
+        longest = wide
+    if len(lengths):
+        out.append(range(start, len(lengths)))
+    return out
+
+
 def _eos_ids(tokenizer, model) -> list[int]:
     eos = model.generation_config.eos_token_id
     eos = [eos] if isinstance(eos, int) else list(eos or [])
@@ -123,8 +147,11 @@ def _eos_ids(tokenizer, model) -> list[int]:
 
 @torch.no_grad()
 def sample(model, tokenizer, prompts: Sequence[Sequence[int]], *, temperature: float = 1.0, top_p: float = 1.0,
-           max_new_tokens: int = 64, batch_size: int = 128) -> Samples:
-    """Decode a completion for every prompt (token ids). temperature 0 = greedy."""
+           max_new_tokens: int = 64, batch_size: int = 128,
+           max_attention_elements: int = MAX_ATTENTION_ELEMENTS) -> Samples:
+    """Decode a completion for every prompt (token ids), `batch_size` at a time (fewer where the prompts
+    are so long that a padded batch's attention would pass `max_attention_elements`: see `decode_chunks`).
+    temperature 0 = greedy."""
     device = next(model.parameters()).device
     eos = _eos_ids(tokenizer, model)
     pad = tokenizer.pad_token_id
@@ -134,8 +161,8 @@ def sample(model, tokenizer, prompts: Sequence[Sequence[int]], *, temperature: f
     from lopd.fsdp import is_sharded
 
     synced = is_sharded(model)  # every rank keeps decoding until all have finished (each step is collective)
-    for start in range(0, len(prompts), batch_size):
-        ids, mask = left_pad(prompts[start:start + batch_size], pad)
+    for part in decode_chunks([len(p) for p in prompts], batch_size, max_new_tokens, max_attention_elements):
+        ids, mask = left_pad(prompts[part.start:part.stop], pad)
         ids, mask = ids.to(device), mask.to(device)
         greedy = temperature <= 0
         out = model.generate(
