@@ -5,7 +5,9 @@ where some samples pass and some fail: a group that all fails (or all passes) ca
 script samples `rollout.group_size` completions for each of N `train` tasks at each temperature, scores
 them with the env (HumanEval: the sandbox's parallel path), and reports per temperature the success
 rate, the fraction of mixed groups, the tasks solved at least once, truncation and time. The chosen
-temperature is the one with the most mixed groups; `test` is never touched.
+temperature is the one with the most mixed groups, ties broken by the larger summed group variance
+sum_g p_g (1 - p_g) (p_g: group g's pass rate; the expected squared advantage before GRPO's std
+normalisation, so a group of 7 passes in 8 counts less than one of 4 in 8); `test` is never touched.
 
     .venv/bin/python benchmarks/sampling_variance.py --config configs/humaneval_smollm2.yaml \
         --temperatures 0.4 0.7 1.0 --tasks 24 --out benchmarks/humaneval_temperature.json
@@ -60,13 +62,24 @@ def measure(model, tokenizer, env, tasks, cfg, temperature: float, seed: int) ->
     }
 
 
+def group_variance(row: dict) -> float:
+    g = row["group_size"]
+    return sum((c / g) * (1 - c / g) for c in row["passes_per_task"].values())
+
+
+def chosen(rows: list[dict]) -> dict:
+    return max(rows, key=lambda r: (r["mixed_groups"], group_variance(r)))
+
+
 def table(rows: list[dict]) -> str:
-    lines = ["| temperature | samples | success | mixed groups | all-pass groups | tasks solved once+ | truncated "
-             "| mean tokens | seconds |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| temperature | samples | success | mixed groups | sum of group variance | all-pass groups "
+             "| tasks solved once+ | truncated | mean tokens | seconds |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(rows, key=lambda r: r["temperature"]):
         lines.append(f"| {r['temperature']:g} | {r['samples']} | {100 * r['success']:.1f}% | {r['mixed_groups']} / "
-                     f"{r['tasks']} | {r['all_pass_groups']} | {r['solved_at_least_once']} | "
+                     f"{r['tasks']} | {group_variance(r):.3f} | {r['all_pass_groups']} | {r['solved_at_least_once']} | "
                      f"{100 * r['truncated']:.0f}% | {r['mean_completion_tokens']:.0f} | {r['seconds']:.0f} |")
+    if rows:
+        lines.append(f"\nchosen: temperature {chosen(rows)['temperature']:g} (most mixed groups, then group variance)")
     return "\n".join(lines)
 
 
