@@ -30,3 +30,12 @@ def test_eval_json_is_written_per_split_and_resumed(tmp_path, capsys):
     out, third = _eval(tmp_path, capsys, "test", overrides=["rollout.max_new_tokens=9"])
     assert "written under other settings" in out
     assert third["max_new_tokens"] == 9 and third["splits"]["test"]["success"] != 0.625
+
+
+def test_eval_json_that_is_not_json_is_a_one_line_error(tmp_path, capsys):
+    (tmp_path / "out.json").write_text('{"model": "tiny", "spl')  # half a file
+    args = ["eval", "--model", "tiny", "--env", "toolworld", "--json", str(tmp_path / "out.json"), "--split", "test",
+            "eval.max_tasks=2", "rollout.max_new_tokens=4"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lopd: error: {tmp_path / 'out.json'}: not a JSON file of lopd eval") and "\n" not in err

@@ -101,7 +101,10 @@ def cmd_eval(args) -> int:
     wanted = list(args.split or cfg.env.eval_splits)
     done: dict[str, dict] = {}
     if args.json and Path(args.json).is_file():
-        previous = json.loads(Path(args.json).read_text())
+        try:
+            previous = json.loads(Path(args.json).read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{args.json}: not a JSON file of lopd eval ({e}); move it away or pass another --json")
         if {k: previous.get(k) for k in header} == header:
             done = dict(previous.get("splits", {}))
             if kept := [s for s in wanted if s in done]:
@@ -111,8 +114,10 @@ def cmd_eval(args) -> int:
 
     def save(r) -> None:
         done[r.split] = r.summary()
-        if args.json:
-            Path(args.json).write_text(json.dumps({**header, "splits": done}, indent=1))
+        if args.json:  # written whole, then renamed: a kill never leaves half a file
+            tmp = Path(f"{args.json}.tmp")
+            tmp.write_text(json.dumps({**header, "splits": done}, indent=1))
+            tmp.replace(args.json)
 
     todo = [s for s in wanted if s not in done]
     new = evaluate_model(source, splits=todo, overrides=overrides, on_result=save) if todo else []
