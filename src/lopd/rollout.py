@@ -122,7 +122,7 @@ MAX_ATTENTION_ELEMENTS = 2**28
 
 
 def decode_chunks(lengths: Sequence[int], batch_size: int, extra: int = 0,
-           max_elements: int = MAX_ATTENTION_ELEMENTS) -> list[range]:
+                  max_elements: int = MAX_ATTENTION_ELEMENTS) -> list[range]:
     """Consecutive index ranges of at most `batch_size` prompts whose rows x (longest + extra)^2 stays
     within `max_elements` (a prompt that alone passes it decodes alone). Order is kept."""
     out, start, longest = [], 0, 0
@@ -161,7 +161,9 @@ def sample(model, tokenizer, prompts: Sequence[Sequence[int]], *, temperature: f
     from lopd.fsdp import is_sharded
 
     synced = is_sharded(model)  # every rank keeps decoding until all have finished (each step is collective)
-    for part in decode_chunks([len(p) for p in prompts], batch_size, max_new_tokens, max_attention_elements):
+    # sharded, every rank must make the same number of generate calls: chunks by count only there
+    bound = max_attention_elements if not synced else float("inf")
+    for part in decode_chunks([len(p) for p in prompts], batch_size, max_new_tokens, bound):
         ids, mask = left_pad(prompts[part.start:part.stop], pad)
         ids, mask = ids.to(device), mask.to(device)
         greedy = temperature <= 0
