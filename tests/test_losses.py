@@ -41,6 +41,27 @@ def test_aggregate_hand_computed():
         losses.aggregate(per_token, mask, "nope")
 
 
+def test_aggregate_with_a_minibatch_total_gives_shares_that_add_up():
+    """A micro-batch divides by the whole minibatch's count, so its shares add up to the minibatch's mean
+    however it is split (the loop's gradient accumulation and data parallelism rest on this)."""
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [5.0, 7.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])  # the last row has no trained token
+    assert losses.aggregate_count(mask, "token") == 4.0
+    assert losses.aggregate_count(mask, "sequence") == 2.0
+    assert losses.aggregate(per_token[:1], mask[:1], "token", total=4.0).item() == pytest.approx(6 / 4)
+    assert losses.aggregate(per_token[1:], mask[1:], "token", total=4.0).item() == pytest.approx(4 / 4)
+    assert losses.aggregate(per_token[:1], mask[:1], "sequence", total=2.0).item() == pytest.approx(2 / 2)
+    assert losses.aggregate(per_token[1:], mask[1:], "sequence", total=2.0).item() == pytest.approx(4 / 2)
+    for mode in ("token", "sequence"):
+        whole = losses.aggregate(per_token, mask, mode)
+        total = losses.aggregate_count(mask, mode)
+        shares = [losses.aggregate(per_token[i:i + 1], mask[i:i + 1], mode, total) for i in range(3)]
+        assert sum(shares).item() == pytest.approx(whole.item(), abs=1e-7)
+    # a micro-batch of masked rows only: exactly 0, whatever the total
+    assert losses.aggregate(per_token[2:], mask[2:], "token", total=4.0).item() == 0.0
+    assert losses.aggregate(per_token, torch.zeros(3, 3), "token", total=0.0).item() == 0.0
+
+
 def test_clipped_policy_gradient_hand_computed():
     old = torch.zeros(1, 4)
     # ratios 1.5, 0.5, 1.1, 0.9 ; advantages +1 for row 0
@@ -138,6 +159,16 @@ def test_privileged_margin_hand_computed():
     loss, _ = losses.privileged_margin(torch.tensor([0.0, 0.3, -0.1]), torch.tensor([1.0, -0.5, 1.0]), margin=0.2)
     # hinge: max(0, 0.2 - 0) = 0.2, max(0, 0.2 + 0.15) = 0.35, max(0, 0.2 + 0.1) = 0.3 -> mean 0.85 / 3
     assert loss.item() == pytest.approx(0.85 / 3)
+
+
+def test_privileged_margin_and_privilege_with_a_minibatch_total():
+    delta, adv = torch.tensor([0.0, 0.3, -0.1, 0.2]), torch.tensor([1.0, -0.5, 1.0, 0.0])
+    active = torch.tensor([True, True, False, True])  # row 2 has no context, row 3 no advantage
+    # constrained rows 0 and 1: hinge 0.2 and 0.35; A * Delta 0 and -0.15; the minibatch has 5 such rows
+    loss, _ = losses.privileged_margin(delta, adv, 0.2, active, total=5.0)
+    assert loss.item() == pytest.approx((0.2 + 0.35) / 5)
+    assert losses.privilege(delta, adv, active, total=5.0).item() == pytest.approx(-0.15 / 5)
+    assert losses.privilege(delta, adv, active).item() == pytest.approx(-0.15 / 2)
 
 
 def test_privileged_margin_gradient_pushes_delta_with_the_advantage():

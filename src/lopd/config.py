@@ -287,6 +287,11 @@ class TrainConfig:
     micro_batch_size: int = _help("at most this many sequences per forward/backward (0: as the memory budget allows)", 0)
     micro_batch_tokens: int = _help("at most this many padded tokens per forward/backward (0: from memory_budget_gib)", 0)
     memory_budget_gib: float = _help("memory that micro-batches may fill (0: half of what is free at each update)", 0.0)
+    skip_zero_loss_rows: bool = _help("do not forward the rows whose every loss term is exactly 0 (a group without "
+                                      "reward variance and, for the distillation methods, no context): the same "
+                                      "update up to float rounding, for a fraction of the compute when rewards are "
+                                      "sparse; the update's metrics then describe the rows forwarded. Off by default "
+                                      "so the figures in benchmarks/RESULTS.md reproduce to the digit", False)
     activation_checkpointing: bool = _help("recompute the policy's decoder layers in the backward pass (less memory, "
                                            "one more forward)", False)
     fsdp: bool = _help("shard every decoder layer of a full fine-tune (and of its teachers' weight copies) over the "

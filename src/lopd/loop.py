@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -127,21 +127,27 @@ def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatc
         for mb_global in order.chunk(t.minibatches):
             mb_index = mb_global[(mb_global >= first) & (mb_global < first + local_n)] - first
             optimizer.zero_grad(set_to_none=True)
-            weight_total = dist.all_sum(world, {"w": _weight(batch.select(mb_index), cfg)})["w"]
+            rows, rows_ctx = batch.select(mb_index), ctx.select(mb_index)
+            totals = dist.all_sum(world, algorithm.loss_totals(rows, rows_ctx))  # each term's denominator
+            forwarded = mb_index[algorithm.live_rows(rows, rows_ctx)] if t.skip_zero_loss_rows else mb_index
+            metric_total = dist.all_sum(world, {"w": _weight(batch.select(forwarded), cfg)})["w"]
             finite = True
-            micros = microbatch.plan(kept_prompts, completion_len, mb_index, t.micro_batch_size, max_tokens)
+            micros = microbatch.plan(kept_prompts, completion_len, forwarded, t.micro_batch_size, max_tokens)
+            if not micros and len(mb_index):  # no row left to learn from: one row's exactly-zero gradient, so
+                micros = [None]  # every parameter the loss reaches gets its 0, as if all rows had run
             if sharded:  # every rank runs as many forwards/backwards: the extra ones weigh nothing
                 micros += [None] * (int(dist.all_max(world, len(micros))) - len(micros))
             for micro in micros:
                 zero = micro is None
                 if zero:
-                    micro = torch.zeros(1, dtype=torch.long)  # any row: its loss is multiplied by 0
-                mb, mctx = batch.select(micro).trimmed().to(device), ctx.select(micro).to(device).for_pass(epoch)
+                    micro = mb_index[:1] if len(mb_index) else torch.zeros(1, dtype=torch.long)  # its loss x 0
+                mb = batch.select(micro).trimmed().to(device)
+                mctx = replace(ctx.select(micro).to(device).for_pass(epoch), totals=totals)
                 student = score_completions(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
                                             mb.completion_mask, completion_attention=mb.completion_attention,
                                             temperature=temp, head_dtype=head_dtype)
-                loss, metrics = algorithm.loss(mb, mctx, student)
-                w = 0.0 if zero else _weight(mb, cfg) / weight_total
+                loss, metrics = algorithm.loss(mb, mctx, student)  # this micro-batch's share of the minibatch's
+                w = 0.0 if zero else _weight(mb, cfg) / metric_total  # its weight in the update's metrics
                 good = bool(torch.isfinite(loss.detach()))
                 if not good:
                     finite = False
@@ -149,7 +155,7 @@ def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatc
                     if not sharded:  # sharded: the backward still runs (its collectives); the step is skipped
                         continue
                 if loss.requires_grad:  # a pass may train nothing (a frozen composer's composer-only pass)
-                    (loss * w).backward()
+                    (loss * 0.0 if zero else loss).backward()
                 failpoints.reached("update")
                 for k, v in metrics.items() if good else ():  # averaged over micro-batches (by weight) and passes
                     sums[k] = sums.get(k, 0.0) + v * w / passes

@@ -33,21 +33,40 @@ def group_advantages(rewards: Tensor, group: Tensor, normalize_std: bool = True,
     return centered / (var.sqrt()[inverse] + eps)
 
 
-def aggregate(per_token: Tensor, mask: Tensor, mode: str = "token") -> Tensor:
+def aggregate(per_token: Tensor, mask: Tensor, mode: str = "token", total: float | None = None) -> Tensor:
     """Reduce a [B, T] per-token loss to a scalar.
 
     token:    sum over every masked token / number of masked tokens (each token weighs the same)
     sequence: mean over each sequence's tokens, then mean over sequences (each sequence weighs the same)
+
+    total: the denominator, counted by `aggregate_count` over the whole minibatch (every micro-batch, every
+    rank); the result is then this micro-batch's share of the minibatch's value, and the shares add up to
+    it exactly however the minibatch is split. None: this call's own count (the mean over these rows).
     """
     mask = mask.to(per_token.dtype)
     mode = mode.value if isinstance(mode, enum.Enum) else mode
     if mode == "token":
-        return masked(per_token, mask).sum() / mask.sum().clamp(min=1)
+        return masked(per_token, mask).sum() / _denominator(mask.sum(), total)
     if mode == "sequence":
         per_seq = masked(per_token, mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B]
         has_tokens = (mask.sum(-1) > 0).to(per_token.dtype)
-        return (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1)
+        return (per_seq * has_tokens).sum() / _denominator(has_tokens.sum(), total)
     raise ValueError(f"aggregation '{mode}' is not one of token, sequence")
+
+
+def aggregate_count(mask: Tensor, mode: str = "token") -> float:
+    """What `aggregate` divides by over these rows: masked tokens (token) or sequences with any (sequence).
+    [B, T] -> float"""
+    mode = mode.value if isinstance(mode, enum.Enum) else mode
+    if mode == "token":
+        return float(mask.double().sum())
+    if mode == "sequence":
+        return float((mask.double().sum(-1) > 0).sum())
+    raise ValueError(f"aggregation '{mode}' is not one of token, sequence")
+
+
+def _denominator(local: Tensor, total: float | None) -> Tensor | float:
+    return local.clamp(min=1) if total is None else max(float(total), 1.0)
 
 
 def clipped_policy_gradient(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_low: float = 0.2,
@@ -92,26 +111,28 @@ def sequence_mean(per_token: Tensor, mask: Tensor) -> Tensor:
     return masked(per_token, mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-def privileged_margin(delta: Tensor, advantages: Tensor, margin: float,
-                      active: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def privileged_margin(delta: Tensor, advantages: Tensor, margin: float, active: Tensor | None = None,
+                      total: float | None = None) -> tuple[Tensor, Tensor]:
     """LOPD's hinge on the teacher's privilege, averaged over the trajectories it constrains.
 
     delta: [B] Delta(y) = mean_t [log pi_T(y_t | z, x, y<t) - log pi_0(y_t | x, y<t)]; advantages: [B];
     active: [B] bool, optional (LOPD: the trajectories whose teacher got a context).
         loss  = mean_{y: A != 0, active} max(0, m - A(y) * Delta(y))
     Returns (loss, slack [B] = m - A * Delta). A group whose rewards are all equal (A = 0) says nothing
-    about better or worse and is left out.
+    about better or worse and is left out. total: the number of constrained trajectories in the whole
+    minibatch (as in `aggregate`); None: these rows' own.
     """
     slack = margin - advantages * delta  # [B]
     use = constrained(advantages, active).to(delta.dtype)
-    return masked(torch.relu(slack), use).sum() / use.sum().clamp(min=1), slack
+    return masked(torch.relu(slack), use).sum() / _denominator(use.sum(), total), slack
 
 
-def privilege(delta: Tensor, advantages: Tensor, active: Tensor | None = None) -> Tensor:
+def privilege(delta: Tensor, advantages: Tensor, active: Tensor | None = None, total: float | None = None) -> Tensor:
     """mean_{y: A != 0, active} A(y) * Delta(y): how much the context raises better-than-average trajectories
-    and lowers worse ones (nats per token). LOPD's `privilege` objective maximises it.   [B], [B] -> []"""
+    and lowers worse ones (nats per token). LOPD's `privilege` objective maximises it.   [B], [B] -> []
+    total: as in `privileged_margin`."""
     use = constrained(advantages, active).to(delta.dtype)
-    return masked(advantages * delta, use).sum() / use.sum().clamp(min=1)
+    return masked(advantages * delta, use).sum() / _denominator(use.sum(), total)
 
 
 def constrained(advantages: Tensor, active: Tensor | None = None) -> Tensor:

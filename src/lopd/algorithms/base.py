@@ -3,10 +3,14 @@
 The training loop calls, for every rollout batch of step `step` (1-based):
 
     ctx = algorithm.build_context(batch, step)        once (advantages, privileged contexts, retrieval)
-    for each pass over the batch, each micro-batch:
-        loss, metrics = algorithm.loss(mb, ctx_mb, student)   the student's TokenStats; the algorithm
-                                                              scores its own teacher / reference
-        ... backward; after each optimizer step: algorithm.after_step()
+    for each pass over the batch, each minibatch:
+        totals = algorithm.loss_totals(minibatch, ...)    each loss term's denominator (summed over ranks)
+        for each micro-batch (of algorithm.live_rows only, with train.skip_zero_loss_rows):
+            loss, metrics = algorithm.loss(mb, ctx_mb, student)   the student's TokenStats; the algorithm
+                                  scores its own teacher / reference, and divides each term by ctx_mb.totals:
+                                  the micro-batches' losses add up to the minibatch's, however it is split
+            ... backward
+        optimizer step; algorithm.after_step()
     metrics |= algorithm.after_update(update_metrics)  once the batch's optimizer steps are done
     metrics |= algorithm.remember(batch, step)         store what later batches retrieve
 
@@ -42,6 +46,8 @@ class Context:
     has_context: Tensor | None = None  # [B] bool: the teacher got a context (others leave the distillation)
     extra_passes: int = 0  # passes over the batch before the configured epochs (LOPD's composer-only passes)
     pass_index: int = 0  # which pass over the batch a micro-batch belongs to (set by the loop)
+    totals: dict[str, float] = field(default_factory=dict)  # each loss term's denominator over the whole
+    # minibatch (every micro-batch, every rank): set by the loop from `Algorithm.loss_totals`
     metrics: dict[str, float] = field(default_factory=dict)  # batch-level metrics (retrieval), logged once
 
     def select(self, index: Tensor) -> "Context":
@@ -82,6 +88,19 @@ class Algorithm:
 
     def loss(self, batch: "RolloutBatch", ctx: Context, student: "TokenStats") -> tuple[Tensor, dict[str, float]]:
         raise NotImplementedError
+
+    def loss_totals(self, batch: "RolloutBatch", ctx: Context) -> dict[str, float]:
+        """Each loss term's denominator counted over `batch`, this rank's rows of one minibatch
+        (`losses.aggregate_count`). The loop sums it over the ranks and hands it to every micro-batch as
+        `ctx.totals`; `loss` divides each term by it, so the micro-batches' losses add up to the
+        minibatch's exactly, however it is split into micro-batches and ranks."""
+        return {}
+
+    def live_rows(self, batch: "RolloutBatch", ctx: Context) -> Tensor:
+        """[B] bool: the rows on which some loss term can be non-zero. With `train.skip_zero_loss_rows` the
+        others are not forwarded (their terms are exactly 0; `loss_totals` still counts them). Default:
+        every row."""
+        return torch.ones(len(batch), dtype=torch.bool)
 
     def kept_prompt_lengths(self, batch: "RolloutBatch", ctx: Context) -> Tensor:
         """Prompt lengths of each forward per micro-batch whose activations wait for the backward, for the

@@ -14,7 +14,7 @@ import torch
 
 from lopd import losses
 from lopd.algorithms.base import Algorithm, Context, mean_of
-from lopd.algorithms.grpo import grpo_loss, reference_for
+from lopd.algorithms.grpo import grpo_loss, policy_live, policy_total, reference_for
 from lopd.config import head_dtype_of
 from lopd.teacher import build_teacher
 from lopd.tokens import TokenStats, token_divergence
@@ -43,6 +43,23 @@ class SelfDistillation(Algorithm):
         return Context(step=step, advantages=losses.group_advantages(batch.rewards, batch.group, pg.normalize_std),
                        texts=texts, has_context=torch.tensor([c is not None for c in texts]))
 
+    def distilled(self, mask: torch.Tensor, has_context: torch.Tensor) -> torch.Tensor:
+        """The distillation term's mask: the trained tokens, of trajectories whose teacher got a context
+        (with `mask_without_context`).   [B, T], [B] -> [B, T]"""
+        has_context = has_context.to(mask.device, mask.dtype)
+        return mask * has_context[:, None] if self.cfg.algorithm.distill.mask_without_context else mask
+
+    def loss_totals(self, batch, ctx):
+        totals = {"distill": losses.aggregate_count(self.distilled(batch.completion_mask, ctx.has_context),
+                                                    self.cfg.algorithm.aggregation)}
+        if self.cfg.algorithm.distill.pg_weight > 0:
+            totals["policy"] = policy_total(self.cfg, batch)
+        return totals
+
+    def live_rows(self, batch, ctx):
+        live = self.distilled(batch.completion_mask, ctx.has_context).sum(-1) > 0  # [B]
+        return live | policy_live(self.cfg, ctx.advantages) if self.cfg.algorithm.distill.pg_weight > 0 else live
+
     def teacher_stats(self, batch, ctx: Context) -> TokenStats:
         """The teacher's view of the batch under its context (no gradient for text contexts)."""
         with torch.no_grad():
@@ -62,20 +79,20 @@ class SelfDistillation(Algorithm):
     def distill_loss(self, batch, ctx: Context, student: TokenStats, teacher: TokenStats):
         d, agg = self.cfg.algorithm.distill, self.cfg.algorithm.aggregation
         has_context = ctx.has_context.to(student.mask.device, student.mask.dtype)  # [B]
-        mask = student.mask * has_context[:, None] if d.mask_without_context else student.mask  # [B, T]
+        mask = self.distilled(student.mask, has_context)  # [B, T]
         trained = self.trains_student(ctx)
         per_token = token_divergence(student if trained else student.detached(), self.teacher_side(teacher),
                                      d.estimator, topk=d.topk, alpha=d.alpha)  # [B, T]
-        distill = losses.aggregate(per_token, mask, agg)
-        loss = d.coef * distill
+        loss = d.coef * losses.aggregate(per_token, mask, agg, ctx.totals.get("distill"))
         with torch.no_grad():  # how much the context raises the likelihood of what the student sampled
             gain = teacher.logprobs() - student.logprobs()  # [B, T]
         success = batch.success.to(mask.device, mask.dtype)[:, None]
-        metrics = {"loss/distill": distill.item(), "context/coverage": float(has_context.mean()),
+        metrics = {"loss/distill": losses.aggregate(per_token.detach(), mask, agg).item(), "context/coverage": float(has_context.mean()),
                    "context/teacher_gain_success": mean_of(gain, student.mask * success),
                    "context/teacher_gain_failure": mean_of(gain, student.mask * (1 - success))}
         if d.pg_weight > 0 and trained:
-            pg, pg_metrics = grpo_loss(self.cfg, batch, ctx.advantages, student, self.reference)
+            pg, pg_metrics = grpo_loss(self.cfg, batch, ctx.advantages, student, self.reference,
+                                       total=ctx.totals.get("policy"))
             loss = loss + d.pg_weight * pg
             metrics.update(pg_metrics)
         return loss, metrics

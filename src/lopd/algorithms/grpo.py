@@ -29,8 +29,14 @@ class GRPO(Algorithm):
         pg = self.cfg.algorithm.pg
         return Context(step=step, advantages=losses.group_advantages(batch.rewards, batch.group, pg.normalize_std))
 
+    def loss_totals(self, batch, ctx):
+        return {"policy": policy_total(self.cfg, batch)}
+
+    def live_rows(self, batch, ctx):
+        return policy_live(self.cfg, ctx.advantages)
+
     def loss(self, batch, ctx: Context, student):
-        return grpo_loss(self.cfg, batch, ctx.advantages, student, self.reference)
+        return grpo_loss(self.cfg, batch, ctx.advantages, student, self.reference, total=ctx.totals.get("policy"))
 
 
 def reference_for(cfg, policy, tokenizer) -> FrozenTeacher:
@@ -38,8 +44,21 @@ def reference_for(cfg, policy, tokenizer) -> FrozenTeacher:
     return FrozenTeacher(policy, tokenizer, cfg.rollout.temperature, head_dtype_of(cfg))
 
 
-def grpo_loss(cfg, batch, advantages, student, reference: FrozenTeacher | None = None):
-    """Clipped policy gradient (+ kl_coef * reference KL), aggregated as configured."""
+def policy_total(cfg, batch) -> float:
+    """The policy-gradient terms' denominator over these rows: their trained tokens (or sequences)."""
+    return losses.aggregate_count(batch.completion_mask, cfg.algorithm.aggregation)
+
+
+def policy_live(cfg, advantages) -> torch.Tensor:
+    """[B] bool: rows where the policy-gradient terms can be non-zero: A != 0, or every row under a
+    reference KL."""
+    return advantages != 0 if cfg.algorithm.pg.kl_coef == 0 else torch.ones(len(advantages), dtype=torch.bool)
+
+
+def grpo_loss(cfg, batch, advantages, student, reference: FrozenTeacher | None = None, total: float | None = None):
+    """Clipped policy gradient (+ kl_coef * reference KL), aggregated as configured; `total` is their
+    denominator over the whole minibatch (`policy_total`; None: these rows'). The `loss/*` metrics are
+    means over these rows."""
     pg, agg = cfg.algorithm.pg, cfg.algorithm.aggregation
     ref_stats = None
     if pg.kl_coef > 0:
@@ -51,14 +70,13 @@ def grpo_loss(cfg, batch, advantages, student, reference: FrozenTeacher | None =
                                                         pg.clip_low, pg.clip_high)
     if batch.is_weights is not None:  # another engine sampled: truncated importance weights pi_trainer / pi_sampler
         per_token = per_token * batch.is_weights
-    loss = losses.aggregate(per_token, mask, agg)
-    metrics = {"loss/pg": loss.item(), "loss/clip_frac": mean_of(clipped.float(), mask),
+    loss = losses.aggregate(per_token, mask, agg, total)
+    metrics = {"loss/pg": losses.aggregate(per_token.detach(), mask, agg).item(), "loss/clip_frac": mean_of(clipped.float(), mask),
                "loss/ratio": mean_of((logprobs - batch.sampler_logprobs).exp().detach(), mask)}
     if pg.kl_coef > 0:
         kl = policy_kl(student, ref_stats, pg.kl_estimator)  # [B, T]
-        kl_loss = losses.aggregate(kl, mask, agg)
-        loss = loss + pg.kl_coef * kl_loss
-        metrics["loss/kl_ref"] = kl_loss.item()
+        loss = loss + pg.kl_coef * losses.aggregate(kl, mask, agg, total)
+        metrics["loss/kl_ref"] = losses.aggregate(kl.detach(), mask, agg).item()
     return loss, metrics
 
 

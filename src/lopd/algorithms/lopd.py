@@ -110,6 +110,12 @@ class LOPD(RetrievalMixin, SelfDistillation):
             return prompt[None]
         return torch.stack([prompt, prompt + self.cfg.algorithm.lopd.latent_tokens])
 
+    def loss_totals(self, batch, ctx: RetrievalContext) -> dict[str, float]:
+        """The distillation's and policy gradient's denominators, and the composer's privilege terms': the
+        trajectories they constrain (A != 0, with a context)."""
+        return {**super().loss_totals(batch, ctx),
+                "privilege": float(losses.constrained(ctx.advantages, ctx.has_context).sum())}
+
     def param_groups(self) -> list[dict]:
         params = [p for p in self.composer.parameters() if p.requires_grad]
         return [{"params": params, "lr": self.cfg.algorithm.lopd.composer_lr}] if params else []
@@ -194,15 +200,17 @@ class LOPD(RetrievalMixin, SelfDistillation):
         delta = losses.sequence_mean(teacher.logprobs() - reference.logprobs().detach(), student.mask)  # [B]
         adv = ctx.advantages.to(delta.device)
         active = ctx.has_context.to(delta.device)
-        hinge, slack = losses.privileged_margin(delta, adv, c.margin, active)
-        priv = losses.privilege(delta, adv, active)
+        total = ctx.totals.get("privilege")
+        hinge, slack = losses.privileged_margin(delta, adv, c.margin, active, total)
+        priv = losses.privilege(delta, adv, active, total)
         loss = self.lam * hinge
         if ComposerObjective(c.objective) is ComposerObjective.privilege:
             loss = loss - c.privilege_weight * priv
         use = losses.constrained(adv, active).to(delta.dtype)
         success = batch.success.to(delta.device) & active
         failure = ~batch.success.to(delta.device) & active
-        metrics = {"loss/margin": hinge.item(), "context/privilege": float(priv.detach()),
+        metrics = {"loss/margin": float(losses.privileged_margin(delta.detach(), adv, c.margin, active)[0]),
+                   "context/privilege": float(losses.privilege(delta.detach(), adv, active)),
                    "context/constraint": mean_of(slack.detach(), use),
                    "context/delta_success": float(delta[success].mean().detach()) if success.any() else 0.0,
                    "context/delta_failure": float(delta[failure].mean().detach()) if failure.any() else 0.0,

@@ -1,0 +1,135 @@
+"""The update is one minibatch's loss, however it is computed: split into micro-batches of any size, or
+with the rows whose loss is exactly zero left out (`train.skip_zero_loss_rows`), for every algorithm,
+on batches where only some trajectories have a context and only some groups have reward variance."""
+
+from unittest import mock
+
+import pytest
+import torch
+
+from conftest import rollouts, session_for
+from lopd.algorithms.lopd import RetrievalContext
+from lopd.loop import update
+from lopd.tokens import score_completions
+
+# in make test: the methods whose context covers only some rows; the rest run under -m slow
+ALGORITHMS = ["grpo", "sdpo", "lopd"] + [pytest.param(n, marks=pytest.mark.slow) for n in ("opsd", "skill_sd", "lopd_text")]
+BASE = ["rollout.tasks_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=32",
+        "model.lora.enabled=false", "train.threads=1"]
+# groups of 4: mixed, no success, mixed, all successes
+REWARDS = [1.0, 0.0, 0.0, 0.0] + [0.0] * 4 + [1.0, 1.0, 0.0, 1.0] + [1.0] * 4
+WITHOUT_CONTEXT = [2, 8, 9, 10, 11]  # rows whose retrieval "found nothing" (where the method has one)
+
+
+def _session(toolworld, name, overrides=()):
+    return session_for([f"algorithm.name={name}", *BASE, *overrides], env=toolworld)
+
+
+def _batch_and_context(s, toolworld, rewards=REWARDS, blank=WITHOUT_CONTEXT):
+    """A second batch after a remembered first one (LOPD's bank, Skill-SD's library fill), its context with
+    the `blank` rows' context taken away, as when retrieval finds nothing for them."""
+    tasks = list(toolworld.tasks("train")[:4])
+    torch.manual_seed(3)
+    s.algorithm.remember(rollouts(s, tasks, [1.0, 0.0] * 8), 1)
+    batch = rollouts(s, tasks, rewards)
+    ctx = s.algorithm.build_context(batch, 2)
+    if ctx.has_context is not None:
+        for i in blank:
+            ctx.has_context[i] = False
+            ctx.texts[i] = None
+            if isinstance(ctx, RetrievalContext) and ctx.retrieved is not None:
+                ctx.retrieved[i], ctx.similarity[i] = [], []
+    return batch, ctx
+
+
+def _sgd(s):
+    """Plain SGD (lr 0.1) over every parameter group: the update is the gradient itself."""
+    s.optimizer = torch.optim.SGD([{"params": g["params"]} for g in s.optimizer.param_groups], lr=0.1)
+    s.scheduler = torch.optim.lr_scheduler.LambdaLR(s.optimizer, lambda step: 1.0)
+
+
+def _trained(s) -> list[torch.Tensor]:
+    return [p.detach().clone() for g in s.optimizer.param_groups for p in g["params"]]
+
+
+def _updated(toolworld, name, overrides=(), **context) -> tuple[list[torch.Tensor], dict, int]:
+    s = _session(toolworld, name, overrides)
+    batch, ctx = _batch_and_context(s, toolworld, **context)
+    _sgd(s)
+    rows = []  # the student's forwards: rows per call
+
+    def counted(model, prompt_ids, *args, **kwargs):
+        rows.append(len(prompt_ids))
+        return score_completions(model, prompt_ids, *args, **kwargs)
+
+    torch.manual_seed(5)
+    with mock.patch("lopd.loop.score_completions", counted):
+        metrics = update(s.model, s.algorithm, s.optimizer, s.scheduler, batch, ctx, s.cfg)
+    return _trained(s), metrics, sum(rows)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS[1:])  # GRPO's: tests/test_grpo.py
+def test_micro_batches_of_any_size_give_the_same_update(toolworld, name):
+    """Each loss term is divided by its count over the whole minibatch (`Algorithm.loss_totals`), so the
+    micro-batches add up to the one-batch loss even where the distillation covers only some rows (the
+    earlier per-micro-batch mean weighted those rows by how they happened to be split: 1.5e-3 apart here)."""
+    pg = ["algorithm.distill.pg_weight=1.0"] if name != "grpo" else []
+    whole, _, _ = _updated(toolworld, name, [*pg, "train.micro_batch_size=64"])
+    split, _, _ = _updated(toolworld, name, [*pg, "train.micro_batch_size=3"])
+    for a, b in zip(whole, split):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_skipping_zero_loss_rows_gives_the_same_update_with_fewer_rows(toolworld, name):
+    full, _, rows_full = _updated(toolworld, name)
+    skipped, _, rows_skipped = _updated(toolworld, name, ["train.skip_zero_loss_rows=true"])
+    for a, b in zip(full, skipped):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
+    if name != "opsd":  # OPSD's reference answer is a context for every row: nothing is ever skipped
+        assert rows_skipped < rows_full
+
+
+def test_live_rows_by_hand(toolworld):
+    """GRPO: the mixed groups (0 and 2); SDPO: the rows with a successful sibling in their group (group 0's
+    lone success has none; group 2 was blanked); with the policy gradient mixed in, the union with the
+    mixed groups; LOPD: the rows with a context, and under pg also the mixed groups' rows."""
+    mixed = set(range(0, 4)) | set(range(8, 12))
+    sdpo = {1, 3, 12, 13, 14, 15}
+    for name, overrides, want in [
+        ("grpo", [], mixed),
+        ("sdpo", [], sdpo),
+        ("sdpo", ["algorithm.distill.pg_weight=1.0"], sdpo | mixed),
+        ("lopd", [], set(range(16)) - set(WITHOUT_CONTEXT)),
+        ("lopd", ["algorithm.distill.pg_weight=1.0"], (set(range(16)) - set(WITHOUT_CONTEXT)) | mixed),
+        ("grpo", ["algorithm.pg.kl_coef=0.1"], set(range(16))),
+    ]:
+        s = _session(toolworld, name, overrides)
+        batch, ctx = _batch_and_context(s, toolworld)
+        live = s.algorithm.live_rows(batch, ctx)
+        assert set(torch.nonzero(live).flatten().tolist()) == want, (name, overrides)
+
+
+@pytest.mark.parametrize("name", ["grpo", "sdpo", "lopd"])
+def test_a_batch_with_nothing_to_learn_steps_adamw_exactly_as_before(toolworld, name):
+    """After a step that built AdamW's moments, a batch with no reward variance and no context: skipped,
+    it still takes the optimizer step (one row's exactly-zero gradient), bit for bit as computing all rows."""
+    results = []
+    for skip in ("false", "true"):
+        s = _session(toolworld, name, [f"train.skip_zero_loss_rows={skip}", "algorithm.distill.pg_weight=1.0",
+                                       "optim.lr=1e-2"])
+        tasks = list(toolworld.tasks("train")[:4])
+        torch.manual_seed(3)
+        live = rollouts(s, tasks, [1.0, 0.0] * 8)  # every group mixed: every row live
+        update(s.model, s.algorithm, s.optimizer, s.scheduler, live, s.algorithm.build_context(live, 1), s.cfg)
+        dead = rollouts(s, tasks, [0.0] * 16)  # no success: no variance, nothing retrieved or demonstrated
+        ctx = s.algorithm.build_context(dead, 2)
+        assert ctx.has_context is None or not bool(ctx.has_context.any())
+        before = _trained(s)
+        metrics = update(s.model, s.algorithm, s.optimizer, s.scheduler, dead, ctx, s.cfg)
+        after = _trained(s)
+        assert metrics["optim/grad_norm"] == 0.0
+        assert any(not torch.equal(a, b) for a, b in zip(before, after))  # AdamW's momentum still moves them
+        results.append(after)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
