@@ -71,6 +71,16 @@ def test_grid_end_to_end_resume_and_report_equals_metrics(grid_file, tmp_path):
                 assert s["per_seed"][str(point)] == truth
                 assert s["mean"][s["points"].index(point)] == pytest.approx(stat(truth).mean)
             assert s["final"] == s["per_seed"][str(s["points"][-1])]
+    # the diagnostics table: each run's first and last EDGE_STEPS rows, as logged (OPSD's teacher gain)
+    from lopd.grid_report import EDGE_STEPS
+
+    opsd = report["methods"]["opsd"]
+    gains = [[r["context/teacher_gain_success"] for r in RunDir(p).read_metrics() if "context/teacher_gain_success" in r]
+             for p in opsd["runs"]]
+    assert opsd["diagnostics"]["context/teacher_gain_success"]["first"] == pytest.approx([sum(g[:EDGE_STEPS]) / len(g[:EDGE_STEPS]) for g in gains])
+    assert opsd["diagnostics"]["context/teacher_gain_success"]["last"] == pytest.approx([sum(g[-EDGE_STEPS:]) / len(g[-EDGE_STEPS:]) for g in gains])
+    assert "diagnostics" not in report["methods"]["grpo"] or not report["methods"]["grpo"]["diagnostics"]
+    assert "## Training diagnostics" in (root / "report.md").read_text()
     assert "| grpo |" in (root / "report.md").read_text()
     # a second call finds everything finished and only rewrites the report
     again = _compare(grid_file)

@@ -22,6 +22,14 @@ from lopd.compare import Cell, Grid
 from lopd.runs import RunDir
 
 DIAGNOSTICS = ["context/delta_success", "context/delta_failure", "context/margin_violation", "context/lambda"]
+# the training diagnostics the report tabulates (where a method logs them): column title per metric
+DIAGNOSTIC_TABLE = {
+    "context/teacher_gain_success": "teacher gain, successes", "context/teacher_gain_failure": "teacher gain, failures",
+    "context/delta_success": "Δ, successes", "context/delta_failure": "Δ, failures", "context/privilege": "A·Δ",
+    "context/margin_violation": "margin violations", "context/gate": "gate tanh(g)", "context/coverage": "coverage",
+    "context/retrieval_hit": "same-tool hit",
+}
+EDGE_STEPS = 4  # diagnostics are compared between each run's first and last this many steps
 
 
 @dataclass
@@ -81,6 +89,17 @@ def series_of(cell: Cell, key: str) -> list[tuple[int, float]]:
     return [(r["rollouts"], r[key]) for r in RunDir(cell.path).read_metrics() if key in r]
 
 
+def diagnostics_of(cell: Cell) -> dict[str, tuple[float, float]]:
+    """metric -> (mean over the run's first EDGE_STEPS training rows that log it, mean over its last)."""
+    out = {}
+    rows = RunDir(cell.path).read_metrics()
+    for key in DIAGNOSTIC_TABLE:
+        values = [r[key] for r in rows if key in r]
+        if values:
+            out[key] = (statistics.fmean(values[:EDGE_STEPS]), statistics.fmean(values[-EDGE_STEPS:]))
+    return out
+
+
 def method_key(cell: Cell) -> str:
     return "/".join([cell.method.name] + [p for p in (cell.backbone, cell.env) if p])
 
@@ -109,6 +128,10 @@ def summarise(grid: Grid, cells: list[Cell]) -> dict:
                 "final": by_point[points[-1]] if points else [],
                 "auc": aucs,
             }
+        diagnostics = [diagnostics_of(c) for c in methods[m]]
+        entry["diagnostics"] = {key: {"first": [d[key][0] for d in diagnostics if key in d],
+                                      "last": [d[key][1] for d in diagnostics if key in d]}
+                                for key in DIAGNOSTIC_TABLE if any(key in d for d in diagnostics)}
         out["methods"][m] = entry
     ref_key = next((m for m in out["methods"] if m.split("/")[0] == grid.reference), None)
     out["reference"] = ref_key
@@ -188,6 +211,22 @@ def budget_table(data: dict, split: str) -> str:
     return "\n".join(lines)
 
 
+def diagnostics_table(data: dict) -> str | None:
+    """Seed means of each method's diagnostics, first steps -> last steps; None when no method logs any."""
+    keys = [k for k in DIAGNOSTIC_TABLE if any(k in e.get("diagnostics", {}) for e in data["methods"].values())]
+    if not keys:
+        return None
+    lines = ["| method | " + " | ".join(DIAGNOSTIC_TABLE[k] for k in keys) + " |", "|---|" + "---:|" * len(keys)]
+    for m, e in data["methods"].items():
+        d = e.get("diagnostics", {})
+        if not d:
+            continue
+        cells = [f"{statistics.fmean(d[k]['first']):+.3f} → {statistics.fmean(d[k]['last']):+.3f}" if k in d else "-"
+                 for k in keys]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def markdown(grid: Grid, data: dict, figures: list[str]) -> str:
     prov = data["provenance"]
     n_seeds = len(grid.seeds)
@@ -211,6 +250,13 @@ def markdown(grid: Grid, data: dict, figures: list[str]) -> str:
             out.append(f"| {m} | " + " | ".join(stat(e["splits"][s]["final"]).fmt() if s in e["splits"] else "-"
                                                  for s in data["splits"]) + " |")
         out.append("")
+    table = diagnostics_table(data)
+    if table:
+        out += ["## Training diagnostics", "",
+                f"Mean over seeds of each run's first {EDGE_STEPS} steps → its last {EDGE_STEPS} (nats/token for the "
+                "gains; Δ is the latent teacher's log-likelihood gain over the context-free model, the teacher gain "
+                "the teacher's over the student, on the student's own successful and failed trajectories).", "",
+                table, ""]
     out += ["## Transfer (final success, %)", "",
             "Trained on the train split; `test` holds new requests to the same tools, other splits unseen tools "
             "or another env.", "", "| method | " + " | ".join(data["splits"]) + " |", "|---|" + "---:|" * len(data["splits"])]
