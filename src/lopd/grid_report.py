@@ -191,8 +191,11 @@ def main_table(data: dict) -> str:
                 continue
             r = sp["rollouts_to_reference"]
             verdict = f" ({sp['vs_reference']})" if sp.get("vs_reference") else ""
+            ref_split = data["methods"][ref]["splits"].get(s) if ref else None
+            no_gain = bool(ref_split and ref_split["mean"] and ref_split["mean"][-1] <= ref_split["mean"][0])
             cells += [stat(sp["final"]).fmt() + verdict, stat(sp["auc"]).fmt(),
-                      "not reached" if r is None else f"{100 * r:.0f}% of budget"]
+                      f"n/a ({ref} ends at or below its start)" if no_gain
+                      else "not reached" if r is None else f"{100 * r:.0f}% of budget"]
         lines.append(f"| {m}{' (ablation)' if e['ablation'] else ''} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
