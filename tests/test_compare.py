@@ -85,6 +85,15 @@ def test_grid_end_to_end_resume_and_report_equals_metrics(grid_file, tmp_path):
     # a second call finds everything finished and only rewrites the report
     again = _compare(grid_file)
     assert again.returncode == 0 and "4 already finished" in again.stdout
+    # a larger budget extends the finished runs; the report at the old budget still reads them to it
+    longer = _compare(grid_file, "budget=24")
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    assert all((c.path / "finished").read_text().strip() == "24" for c in all_cells)
+    assert all(max(r["rollouts"] for r in RunDir(c.path).read_metrics()) == 24 for c in all_cells)
+    assert json.loads((root / "report.json").read_text())["methods"]["grpo"]["splits"]["test"]["points"][-1] == 24
+    assert _compare(grid_file, "--report-only").returncode == 0
+    again = json.loads((root / "report.json").read_text())
+    assert {m: e["splits"] for m, e in again["methods"].items()} == {m: e["splits"] for m, e in report["methods"].items()}
 
 
 def test_bad_grid_files_are_clear(tmp_path):

@@ -20,7 +20,8 @@ The grid file:
     reference: grpo                    # the method whose final success the "rollouts to reach" column uses
 
 Every run is a normal run directory: an interrupted grid continues where it stopped (finished runs are
-skipped, half-finished ones resume). Runs execute in parallel worker processes, each with
+skipped, half-finished ones resume), and the same grid at a larger `budget` extends its finished runs
+(with a constant learning rate, exactly the longer run); the report reads each run up to the grid's budget. Runs execute in parallel worker processes, each with
 `threads_per_worker` torch threads (on 2 cores, 2 processes x 1 thread beat 1 x 2: see RESULTS.md).
 """
 
@@ -174,7 +175,8 @@ def _launch(grid: Grid, cell: Cell) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": str(grid.threads_per_worker), "TOKENIZERS_PARALLELISM": "false"}
     log = open(cell.path / "train.log", "a")
     args = [sys.executable, "-m", "lopd.cli", "train"]
-    args += [str(cell.path)] if RunDir(cell.path).exists() else ["--config", str(resolved)]
+    # an existing run resumes under its own config, to this grid's budget: a larger one extends a finished run
+    args += [str(cell.path), f"train.max_rollouts={grid.budget}"] if RunDir(cell.path).exists() else ["--config", str(resolved)]
     return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 

@@ -75,24 +75,26 @@ def compare_stats(a: Stat, b: Stat) -> str | None:
     return "no clear difference"
 
 
-def curves_of(cell: Cell) -> dict[str, dict[int, float]]:
-    """split -> {rollouts: success} for one run."""
+def rows_of(cell: Cell, budget: int | None = None) -> list[dict]:
+    """The run's metrics rows up to `budget` rollouts (a run extended past the grid's budget is read to it)."""
+    return [r for r in RunDir(cell.path).read_metrics() if budget is None or r.get("rollouts", 0) <= budget]
+
+
+def curves_of(cell: Cell, budget: int | None = None) -> dict[str, dict[int, float]]:
+    """split -> {rollouts: success} for one run, up to `budget` rollouts."""
     out: dict[str, dict[int, float]] = {}
-    for row in RunDir(cell.path).read_metrics():
+    for row in rows_of(cell, budget):
         for k, v in row.items():
             if k.startswith("eval/") and k.endswith("/success"):
                 out.setdefault(k.split("/")[1], {})[row["rollouts"]] = v
     return out
 
 
-def series_of(cell: Cell, key: str) -> list[tuple[int, float]]:
-    return [(r["rollouts"], r[key]) for r in RunDir(cell.path).read_metrics() if key in r]
-
-
-def diagnostics_of(cell: Cell) -> dict[str, tuple[float, float]]:
-    """metric -> (mean over the run's first EDGE_STEPS training rows that log it, mean over its last)."""
+def diagnostics_of(cell: Cell, budget: int | None = None) -> dict[str, tuple[float, float]]:
+    """metric -> (mean over the run's first EDGE_STEPS training rows that log it, mean over its last, up to
+    `budget` rollouts)."""
     out = {}
-    rows = RunDir(cell.path).read_metrics()
+    rows = rows_of(cell, budget)
     for key in DIAGNOSTIC_TABLE:
         values = [r[key] for r in rows if key in r]
         if values:
@@ -109,7 +111,7 @@ def summarise(grid: Grid, cells: list[Cell]) -> dict:
     methods: dict[str, list[Cell]] = {}
     for c in cells:
         methods.setdefault(method_key(c), []).append(c)
-    curves = {m: [curves_of(c) for c in cs] for m, cs in methods.items()}
+    curves = {m: [curves_of(c, grid.budget) for c in cs] for m, cs in methods.items()}
     splits = sorted({s for runs in curves.values() for run in runs for s in run})
     out: dict = {"grid": grid.name, "budget": grid.budget, "seeds": grid.seeds, "splits": splits, "methods": {}}
     for m, runs in curves.items():
@@ -128,7 +130,7 @@ def summarise(grid: Grid, cells: list[Cell]) -> dict:
                 "final": by_point[points[-1]] if points else [],
                 "auc": aucs,
             }
-        diagnostics = [diagnostics_of(c) for c in methods[m]]
+        diagnostics = [diagnostics_of(c, grid.budget) for c in methods[m]]
         entry["diagnostics"] = {key: {"first": [d[key][0] for d in diagnostics if key in d],
                                       "last": [d[key][1] for d in diagnostics if key in d]}
                                 for key in DIAGNOSTIC_TABLE if any(key in d for d in diagnostics)}
@@ -345,7 +347,8 @@ def _plot_diagnostics(data: dict, root: Path) -> bool:
     series = {(m, key): [] for m, _ in runs for key in DIAGNOSTICS}
     for m, path in runs:
         for key in DIAGNOSTICS:
-            pts = [(r["rollouts"], r[key]) for r in RunDir(path).read_metrics() if key in r]
+            pts = [(r["rollouts"], r[key]) for r in RunDir(path).read_metrics()
+                   if key in r and r["rollouts"] <= data["budget"]]
             if pts:
                 series[(m, key)].append(pts)
     if not any(series.values()):
