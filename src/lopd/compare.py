@@ -21,8 +21,9 @@ The grid file:
 
 Every run is a normal run directory: an interrupted grid continues where it stopped (finished runs are
 skipped, half-finished ones resume), and the same grid at a larger `budget` extends its finished runs
-(with a constant learning rate, exactly the longer run); the report reads each run up to the grid's budget. Runs execute in parallel worker processes, each with
-`threads_per_worker` torch threads (on 2 cores, 2 processes x 1 thread beat 1 x 2: see RESULTS.md).
+(with a constant learning rate, exactly the longer run); the report reads each run up to the grid's
+budget. Runs execute in parallel worker processes, each with `threads_per_worker` torch threads (on 2
+cores, 2 processes x 1 thread beat 1 x 2: see RESULTS.md).
 """
 
 from __future__ import annotations
