@@ -110,7 +110,7 @@ def test_live_rows_by_hand(toolworld):
         assert set(torch.nonzero(live).flatten().tolist()) == want, (name, overrides)
 
 
-@pytest.mark.parametrize("name", ["grpo", "sdpo", "lopd"])
+@pytest.mark.parametrize("name", ["lopd"] + [pytest.param(n, marks=pytest.mark.slow) for n in ("grpo", "sdpo")])
 def test_a_batch_with_nothing_to_learn_steps_adamw_exactly_as_before(toolworld, name):
     """After a step that built AdamW's moments, a batch with no reward variance and no context: skipped,
     it still takes the optimizer step (one row's exactly-zero gradient), bit for bit as computing all rows."""

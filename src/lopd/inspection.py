@@ -5,12 +5,15 @@ For a few held-out tasks, with the run's latest composer and its experience bank
     - the composer's attention of each latent slot over the experiences' tokens (last resampler layer),
     - each slot's nearest vocabulary token (cosine over the teacher's input embeddings) next to the
       context token it lies over: where they differ, the composer has rewritten that token,
+    - whether the slots carry different things (`slot_summary`): how alike the composer's additions are
+      across slots, and how many slots put their largest attention weight on the same memory token,
 and, over training, Delta on successes and failures, the privilege A * Delta and the gate.
 Writes RUN_DIR/inspect.png and RUN_DIR/inspect.md; changes nothing else in the run directory.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -80,10 +83,15 @@ def inspect_run(run_dir: str | Path, *, tasks: int = 3, split: str | None = None
         rewritten = [(k, tokenizer.decode([under[k]]), tokenizer.decode([int(j)]), float(s))
                      for k, (j, s) in enumerate(zip(nearest.indices.tolist(), nearest.values.tolist()))
                      if k < len(under) and int(j) != under[k]]
-        lines += [f"{len(under)} slots over the context, gate tanh(g) = {float(torch.tanh(algorithm.composer.gate)):.3f}; "
+        lines += [f"{len(under)} slots over the context, gate tanh(g) = {float(torch.tanh(algorithm.composer.gate.detach())):.3f}; "
                   f"{len(rewritten)} slots' nearest token differs from the token under them"
                   + (":" if rewritten else "."), ""]
-        lines += [f"- slot {k}: {a!r} -> {b!r} (cos {s:.2f})" for k, a, b, s in rewritten[:20]] + [""]
+        lines += [f"- slot {k}: {a!r} -> {b!r} (cos {s:.2f})" for k, a, b, s in rewritten[:20]] + ([""] if rewritten else [])
+        alike = slot_summary(added[: len(under)], weights[: len(under)] if weights is not None else None)
+        lines += [f"Slots alike: the composer's additions have mean pairwise cosine {alike['cosine']:.2f} "
+                  f"(1 = one vector for every slot)"
+                  + (f"; {alike['shared_focus']:.0%} of the slots put their largest attention weight on the same "
+                     f"memory token" if "shared_focus" in alike else "") + ".", ""]
         panels.append((task, under, nearest, weights, memory_tokens))
     metrics = run.read_metrics()
     out_png, out_md = run.path / "inspect.png", run.path / "inspect.md"
@@ -91,6 +99,22 @@ def inspect_run(run_dir: str | Path, *, tasks: int = 3, split: str | None = None
     lines += ["![inspect](inspect.png)", ""]
     out_md.write_text("\n".join(lines))
     return out_png, out_md
+
+
+def slot_summary(added: torch.Tensor, weights: torch.Tensor | None = None) -> dict[str, float]:
+    """Do the slots carry different things? `added`: [K, H], what the composer adds to each slot; `weights`:
+    [K, M], each slot's attention over the memory tokens (or None).
+    cosine: mean cosine between the additions of two different slots (1: the same direction everywhere);
+    shared_focus: the share of slots whose largest attention weight falls on the most common such token."""
+    unit = torch.nn.functional.normalize(added.double(), dim=-1)  # [K, H]
+    k = len(unit)
+    gram = unit @ unit.T  # [K, K]
+    undefined = k < 2 or not bool(added.ne(0).any(-1).all())  # a closed gate adds nothing: no direction
+    out = {"cosine": math.nan if undefined else float((gram.sum() - gram.diagonal().sum()) / (k * (k - 1)))}
+    if weights is not None and weights.numel():
+        top = weights.argmax(-1)  # [K]
+        out["shared_focus"] = float(torch.bincount(top).max()) / k
+    return out
 
 
 def _draw(path: Path, panels, metrics, tokenizer, slots: int) -> None:

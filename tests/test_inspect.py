@@ -1,0 +1,38 @@
+"""`lopd inspect`: the slot summary on hand-made slots, and the command on a real (tiny) LOPD run."""
+
+import math
+
+import pytest
+import torch
+
+from conftest import small_overrides
+from lopd.errors import ConfigError
+from lopd.inspection import inspect_run, slot_summary
+
+
+def test_slot_summary_by_hand():
+    same = torch.tensor([[1.0, 2.0, 0.0]] * 4)  # [K=4, H=3]: one direction, different lengths below
+    same[1] *= 3.0
+    weights = torch.tensor([[0.1, 0.7, 0.2], [0.0, 0.9, 0.1], [0.5, 0.4, 0.1], [0.2, 0.3, 0.5]])  # [K, M]
+    out = slot_summary(same, weights)
+    assert out["cosine"] == pytest.approx(1.0)
+    assert out["shared_focus"] == pytest.approx(2 / 4)  # slots 0 and 1 peak on token 1; 2 and 3 elsewhere
+    # e1, e2, e1 + e2: pairs (0,1) 0, (0,2) and (1,2) 1/sqrt(2); the mean over the 6 ordered pairs
+    mixed = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    assert slot_summary(mixed)["cosine"] == pytest.approx(2 * (0 + 2 / math.sqrt(2)) / 6)
+    assert "shared_focus" not in slot_summary(mixed)
+    assert slot_summary(-same)["cosine"] == pytest.approx(1.0)  # a negative gate flips every slot alike
+    assert math.isnan(slot_summary(torch.zeros(4, 3))["cosine"])  # a closed gate adds no direction
+
+
+def test_inspect_a_tiny_lopd_run(tmp_path):
+    from lopd.config import load_config
+    from lopd.loop import train
+
+    run = train(load_config("lopd", small_overrides(tmp_path / "run", **{"train.max_rollouts": 8, "eval.every_rollouts": 8})), quiet=True)
+    png, md = inspect_run(run, tasks=2, split="test")
+    text = md.read_text()
+    assert png.stat().st_size > 10_000 and text.count("\n## test-") == 2
+    assert ("slots over the context" in text and "Slots alike" in text) or "Nothing retrieved" in text
+    with pytest.raises(ConfigError, match="not a run directory"):
+        inspect_run(tmp_path / "nowhere")
