@@ -4,6 +4,7 @@ part of the composer."""
 
 import math
 
+import pytest
 import torch
 
 from lopd.latent.composer import Composer
@@ -51,3 +52,28 @@ def test_every_parameter_gets_a_gradient_once_the_gate_is_open():
     composer(memory, pad, success).pow(2).sum().backward()
     missing = [n for n, p in composer.named_parameters() if p.grad is None or p.grad.abs().max() == 0]
     assert missing == []
+
+
+def _token_composer(gate: float = 0.5) -> Composer:
+    torch.manual_seed(0)
+    return Composer(H, 2.0, torch.full((H,), 0.5), memory_dim=F, latent_tokens=K, layers=2, heads=2, width=8,
+                    gate_init=gate, copy_tokens=True, token_queries=True)
+
+
+def test_token_queries_give_each_slot_what_its_token_asks():
+    """Slot k's query reads the embedding under it (the slots do not attend to each other): another token
+    under slot 2 changes slot 2's value and no other; at gate 0 still nothing added; without `under`, one
+    clear error."""
+    memory, pad, success = _memory()
+    under = torch.randn(3, K, H)  # [b, K, H]
+    out = _token_composer()(memory, pad, success, under=under)  # [3, K, H]
+    other = under.clone()
+    other[:, 2] = torch.randn(3, H)
+    moved = (_token_composer()(memory, pad, success, under=other) - out).abs().amax(dim=(0, 2))  # [K]
+    assert moved[2] > 1e-3 and moved[[0, 1, 3, 4]].max() == 0
+    assert torch.equal(_token_composer(gate=0.0)(memory, pad, success, under=under), torch.zeros(3, K, H))
+    with pytest.raises(ValueError, match="under"):
+        _token_composer()(memory, pad, success)
+    composer = _token_composer()
+    composer(memory, pad, success, under=under).pow(2).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().max() > 0 for p in composer.token_in.parameters())

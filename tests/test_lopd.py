@@ -212,6 +212,44 @@ def test_checkpointing_the_teacher_changes_memory_not_the_update(toolworld):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
+def test_token_queries_read_the_context_tokens_under_the_slots(toolworld):
+    """`token_queries`: the composer gets, per slot, the input embedding of the context token the teacher
+    puts under that slot: decoded back (exact rows of the embedding table), they spell the row's context;
+    one update trains the token projection; slots that lie over nothing are refused."""
+    from lopd.errors import ConfigError
+    from lopd.latent.composer import Composer
+
+    s = _session(toolworld, ["algorithm.lopd.token_queries=true", "algorithm.lopd.gate_init=0.5",
+                             "algorithm.lopd.latent_tokens=512"])
+    batch, ctx = _filled(s, toolworld)
+    seen = []
+    original = Composer.forward
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs["under"])
+        return original(self, *args, **kwargs)
+
+    Composer.forward = spy
+    try:
+        _, slots = s.algorithm.latent_teacher(batch, ctx)
+    finally:
+        Composer.forward = original
+    table = s.model.get_input_embeddings().weight.detach()  # [V, H]
+    under = seen[0]  # [B, K, H]
+    for b, text in enumerate(ctx.texts):
+        present = under[b].abs().sum(-1) > 0  # [K]
+        ids = [int(torch.nonzero((table == row).all(-1))[0]) for row in under[b][present]]
+        assert text in s.tokenizer.decode(ids)  # the span may straddle the context's first/last characters
+    assert any(ctx.texts)
+    assert slots["context/context_tokens"] == pytest.approx(
+        float((under.abs().sum(-1) > 0).sum(-1)[ctx.has_context].float().mean()))
+    before = [p.detach().clone() for p in s.algorithm.composer.token_in.parameters()]
+    _update(s, batch, ctx)
+    assert all(not torch.equal(a, p) for a, p in zip(before, s.algorithm.composer.token_in.parameters()))
+    with pytest.raises(ConfigError, match="token_queries"):
+        _session(toolworld, ["algorithm.lopd.token_queries=true", "algorithm.lopd.copy_experience_tokens=false"])
+
+
 # ----------------------------------------------------------------------------- collapse and the margin
 
 

@@ -236,6 +236,8 @@ class LOPDConfig:
     gate_init: float = _help("initial gate: slot = base + tanh(gate) * composed (0: the slots start as the base)", 0.0)
     copy_experience_tokens: bool = _help("slots lie over the retrieved experiences' text context (soft text, "
                                          "= lopd_text at gate 0); false: K slots of a neutral filler token", True)
+    token_queries: bool = _help("each slot's query also reads the embedding of the context token under it, so slots "
+                                "can differ (needs copy_experience_tokens); false: K learned queries alone", False)
     train_composer: bool = _help("train the composer (false: the frozen random-composer ablation)", True)
     composer_lr: float = _help("learning rate of the composer", 1e-2)
     objective: ComposerObjective = _help("the composer's objective", ComposerObjective.kl)

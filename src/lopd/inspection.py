@@ -67,10 +67,11 @@ def inspect_run(run_dir: str | Path, *, tasks: int = 3, split: str | None = None
         ctx = RetrievalContext(step=0, texts=[experiences_as_text(bank, ids)], retrieved=[ids],
                                has_context=torch.ones(1, dtype=torch.bool))
         attention: list[torch.Tensor] = []
-        with torch.no_grad():
-            added = algorithm.compose(ctx, attention=attention)[0]  # [K, H]
         prompt, start, end = context_span(tokenizer, task.messages, ctx.texts[0])
         under = prompt[start:end][: c.latent_tokens]
+        with torch.no_grad():
+            below = algorithm.tokens_under_slots([task], ctx.texts) if algorithm.composer.token_in is not None else None
+            added = algorithm.compose(ctx, attention=attention, under=below)[0]  # [K, H]
         # the slots as the teacher reads them: over the context's tokens, or K slots of their own
         z = table[torch.tensor(under)] + added[: len(under)] if algorithm.composer.copy_tokens else added[: len(under)]
         nearest = (torch.nn.functional.normalize(z, dim=-1) @ unit.T).max(-1)  # cosine to every token

@@ -40,7 +40,8 @@ from lopd.algorithms.distill import SelfDistillation
 from lopd.config import ComposerObjective
 from lopd.latent.composer import Composer
 from lopd.latent.memory import ExperienceEncoder, ExperienceMemory
-from lopd.prompts import PLACEHOLDER, context_examples
+from lopd.errors import ConfigError
+from lopd.prompts import PLACEHOLDER, context_examples, context_span
 from lopd.teacher import LatentSlots
 from lopd.tokens import TokenStats
 
@@ -96,9 +97,13 @@ class LOPD(RetrievalMixin, SelfDistillation):
             hidden = model.config.hidden_size
         filler_id = self.tokenizer("\n", add_special_tokens=False)["input_ids"][0]
         copy = c.copy_experience_tokens and c.retrieve
+        if c.token_queries and not copy:
+            raise ConfigError("algorithm.lopd.token_queries: the slots must lie over the context's tokens "
+                              "(copy_experience_tokens and retrieve true)")
         self.composer = Composer(hidden, float(emb.float().norm(dim=-1).mean()), emb[filler_id], memory_dim=2 * hidden,
                                  latent_tokens=c.latent_tokens, layers=c.layers, heads=c.heads, width=c.width,
-                                 gate_init=c.gate_init, copy_tokens=copy).to(runtime.get("device", "cpu"))
+                                 gate_init=c.gate_init, copy_tokens=copy,
+                                 token_queries=c.token_queries).to(runtime.get("device", "cpu"))
         self.composer.requires_grad_(c.train_composer)
         self.lam = c.margin_coef
 
@@ -137,8 +142,25 @@ class LOPD(RetrievalMixin, SelfDistillation):
     def remember(self, batch, step):
         return super().remember(batch, step) if self.cfg.algorithm.lopd.retrieve else {}
 
-    def compose(self, ctx: RetrievalContext, attention: list | None = None) -> torch.Tensor:
-        """The slots' values for a micro-batch: [b, K, H] (see `Composer`)."""
+    def tokens_under_slots(self, tasks, texts: list[str | None]) -> torch.Tensor:
+        """[b, K, H] the teacher's input embeddings of the first K tokens of each row's text context, where
+        the slots lie (as `Teacher.score_latent` places them); zeros past the context or without one."""
+        K = self.cfg.algorithm.lopd.latent_tokens
+        ids = torch.zeros(len(texts), K, dtype=torch.long)
+        present = torch.zeros(len(texts), K, dtype=torch.bool)
+        for b, (task, text) in enumerate(zip(tasks, texts)):
+            if text is not None:
+                prompt, start, end = context_span(self.tokenizer, task.messages, text)
+                span = prompt[start:end][:K]
+                ids[b, :len(span)], present[b, :len(span)] = torch.tensor(span, dtype=torch.long), True
+        with self.reference.active() as model:
+            table = model.get_input_embeddings()
+            return table(ids.to(table.weight.device)).detach() * present.to(table.weight.device)[..., None]
+
+    def compose(self, ctx: RetrievalContext, attention: list | None = None,
+                under: torch.Tensor | None = None) -> torch.Tensor:
+        """The slots' values for a micro-batch: [b, K, H] (see `Composer`); `under` [b, K, H]: the tokens
+        under the slots (`tokens_under_slots`), read by a composer with token queries."""
         device = self.composer.queries.device
         if not self.cfg.algorithm.lopd.retrieve:
             return self.composer(batch=len(ctx.texts))
@@ -154,12 +176,13 @@ class LOPD(RetrievalMixin, SelfDistillation):
                 pad[b, at:at + len(h)] = False
                 success[b, at:at + len(h)] = int(self.memory.bank.entries[i].success)
                 at += len(h)
-        return self.composer(memory, pad, success, attention=attention)
+        return self.composer(memory, pad, success, attention=attention, under=under)
 
     def latent_teacher(self, batch, ctx: RetrievalContext) -> tuple[TokenStats, dict[str, float]]:
         """The teacher reading the composer's slots (gradient open back to the composer), and slot metrics."""
         c = self.cfg.algorithm.lopd
-        values = self.compose(ctx)  # [b, K, H]
+        under = self.tokens_under_slots(batch.tasks, ctx.texts) if self.composer.token_in is not None else None
+        values = self.compose(ctx, under=under)  # [b, K, H]
         slots = LatentSlots(values, over_context=self.composer.copy_tokens, position=c.position)
         with torch.set_grad_enabled(values.requires_grad):
             teacher, length = self.teacher.score_latent(batch, ctx.texts, slots,

@@ -5,6 +5,8 @@
                                                     embedding], cached per bank entry; null: a learned
                                                     slot (what "no experience" reads)
     q       = K learned queries                     [K, D]
+           (+ W_tok LN(e(c_k)))                     with `token_queries`: slot k's query also reads the
+                                                    embedding of the context token c_k under it
     q      += CrossAttn(LN(q), memory); q += MLP(LN(q))     x layers (a Perceiver-style resampler)
     n       = normalize(W_out q) * mean token-embedding norm
     values  = tanh(gate) * n                         over the context's tokens (copy_tokens): the teacher
@@ -16,6 +18,10 @@ text (the teacher reads them as it reads the text context: `lopd_text`) or K neu
 composer starts from a teacher that works, and learns what to add. With no retrieval (`memory` is None)
 the queries skip cross-attention: a learned, task-independent context. Everything is differentiable;
 the backbone is not part of the composer and gets no gradient from it.
+
+The learned queries alone see nothing of the token under their slot, and the cross-attention's output
+outweighs them: their additions start almost parallel (mean pairwise cosine 0.97 on ToolWorld) and end as
+one vector for every slot (`lopd inspect`). `token_queries` gives each query the token it will be added to.
 """
 
 from __future__ import annotations
@@ -47,7 +53,8 @@ class ResamplerLayer(nn.Module):
 
 class Composer(nn.Module):
     def __init__(self, hidden: int, embed_norm: float, filler: Tensor, *, memory_dim: int = 0, latent_tokens: int = 8,
-                 layers: int = 2, heads: int = 4, width: int = 0, gate_init: float = 0.0, copy_tokens: bool = False):
+                 layers: int = 2, heads: int = 4, width: int = 0, gate_init: float = 0.0, copy_tokens: bool = False,
+                 token_queries: bool = False):
         super().__init__()
         width = width or hidden
         if width % heads:
@@ -61,18 +68,25 @@ class Composer(nn.Module):
         self.norm_out = nn.LayerNorm(width)
         self.out = nn.Linear(width, hidden)
         self.null = nn.Parameter(torch.zeros(1, 1, width))
+        self.token_in = nn.Sequential(nn.LayerNorm(hidden), nn.Linear(hidden, width)) if token_queries else None
         self.gate = nn.Parameter(torch.tensor(float(gate_init)))
         self.register_buffer("filler", filler.detach().clone().float().reshape(1, 1, hidden))  # [1, 1, H]
 
     def forward(self, memory: Tensor | None = None, memory_pad: Tensor | None = None,
                 memory_success: Tensor | None = None, batch: int | None = None,
-                attention: list[Tensor] | None = None) -> Tensor:
+                attention: list[Tensor] | None = None, under: Tensor | None = None) -> Tensor:
         """memory: [b, M, F] features of the retrieved experiences' tokens (concatenated), memory_pad: [b, M]
         (True = padding), memory_success: [b, M] long (1 where the token belongs to a success). Returns the
         slots' values [b, K, H] (see the module doc). `attention`, if given a list, receives each layer's
-        attention of the K queries over [null ; memory], [b, K, 1 + M] (for inspection)."""
+        attention of the K queries over [null ; memory], [b, K, 1 + M] (for inspection). `under`: [b, K, H]
+        the input embeddings of the context tokens under the slots (zeros past the context), for
+        `token_queries`."""
         b = memory.shape[0] if memory is not None else batch
         q = self.queries.unsqueeze(0).expand(b, -1, -1)  # [b, K, D]
+        if self.token_in is not None:
+            if under is None:
+                raise ValueError("a composer with token_queries needs `under`, the embeddings of the tokens under its slots")
+            q = q + self.token_in(under.to(self.inp.weight.dtype))  # [b, K, D]
         mem = None
         if memory is not None:
             mem = self.norm_in(self.inp(memory.to(self.inp.weight.dtype)))  # [b, M, D]
