@@ -77,3 +77,18 @@ def test_token_queries_give_each_slot_what_its_token_asks():
     composer = _token_composer()
     composer(memory, pad, success, under=under).pow(2).sum().backward()
     assert all(p.grad is not None and p.grad.abs().max() > 0 for p in composer.token_in.parameters())
+
+
+def test_slot_cosine_by_hand():
+    from lopd.latent.composer import slot_cosine
+
+    added = torch.tensor([[[1.0, 0.0], [0.0, 2.0], [3.0, 3.0], [5.0, 5.0]],  # row 0: slot 3 absent
+                          [[1.0, 1.0], [2.0, 2.0], [-1.0, -1.0], [0.0, 0.0]],  # row 1: slot 3 absent
+                          [[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [1.0, 1.0]],  # row 2: slot 1 adds nothing
+                          [[1.0, 0.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]])  # row 3: one present slot
+    present = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.bool)
+    got = slot_cosine(added, present)
+    r = 1 / math.sqrt(2)
+    assert got[0].item() == pytest.approx((0 + r + r) / 3)  # pairs (0,1), (0,2), (1,2), each counted twice
+    assert got[1].item() == pytest.approx((1 - 1 - 1) / 3)
+    assert math.isnan(got[2].item()) and math.isnan(got[3].item())

@@ -29,7 +29,12 @@ def test_inspect_a_tiny_lopd_run(tmp_path):
     from lopd.config import load_config
     from lopd.loop import train
 
-    run = train(load_config("lopd", small_overrides(tmp_path / "run", **{"train.max_rollouts": 8, "eval.every_rollouts": 8})), quiet=True)
+    run = train(load_config("lopd", small_overrides(tmp_path / "run", **{"train.max_rollouts": 16, "eval.every_rollouts": 16,
+                                                                  "algorithm.lopd.gate_init": 0.1})), quiet=True)
+    from lopd.runs import RunDir
+
+    alike = [r["context/slot_cosine"] for r in RunDir(run).read_metrics() if "context/slot_cosine" in r]
+    assert alike and all(-1.0 <= a <= 1.0 for a in alike)  # logged where the gate is open
     png, md = inspect_run(run, tasks=2, split="test")
     text = md.read_text()
     assert png.stat().st_size > 10_000 and text.count("\n## test-") == 2

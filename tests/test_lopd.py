@@ -212,6 +212,7 @@ def test_checkpointing_the_teacher_changes_memory_not_the_update(toolworld):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.slow  # the composer-level test of test_composer.py runs in make test
 def test_token_queries_read_the_context_tokens_under_the_slots(toolworld):
     """`token_queries`: the composer gets, per slot, the input embedding of the context token the teacher
     puts under that slot: decoded back (exact rows of the embedding table), they spell the row's context;

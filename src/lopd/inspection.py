@@ -13,7 +13,6 @@ Writes RUN_DIR/inspect.png and RUN_DIR/inspect.md; changes nothing else in the r
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -107,14 +106,12 @@ def slot_summary(added: torch.Tensor, weights: torch.Tensor | None = None) -> di
     [K, M], each slot's attention over the memory tokens (or None).
     cosine: mean cosine between the additions of two different slots (1: the same direction everywhere);
     shared_focus: the share of slots whose largest attention weight falls on the most common such token."""
-    unit = torch.nn.functional.normalize(added.double(), dim=-1)  # [K, H]
-    k = len(unit)
-    gram = unit @ unit.T  # [K, K]
-    undefined = k < 2 or not bool(added.ne(0).any(-1).all())  # a closed gate adds nothing: no direction
-    out = {"cosine": math.nan if undefined else float((gram.sum() - gram.diagonal().sum()) / (k * (k - 1)))}
+    from lopd.latent.composer import slot_cosine
+
+    out = {"cosine": float(slot_cosine(added[None], torch.ones(1, len(added), dtype=torch.bool))[0])}
     if weights is not None and weights.numel():
         top = weights.argmax(-1)  # [K]
-        out["shared_focus"] = float(torch.bincount(top).max()) / k
+        out["shared_focus"] = float(torch.bincount(top).max()) / len(top)
     return out
 
 

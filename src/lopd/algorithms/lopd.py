@@ -38,7 +38,7 @@ from lopd import losses
 from lopd.algorithms.base import Context, mean_of
 from lopd.algorithms.distill import SelfDistillation
 from lopd.config import ComposerObjective
-from lopd.latent.composer import Composer
+from lopd.latent.composer import Composer, slot_cosine
 from lopd.latent.memory import ExperienceEncoder, ExperienceMemory
 from lopd.errors import ConfigError
 from lopd.prompts import PLACEHOLDER, context_examples, context_span
@@ -188,10 +188,18 @@ class LOPD(RetrievalMixin, SelfDistillation):
             teacher, length = self.teacher.score_latent(batch, ctx.texts, slots,
                                                         checkpoint_layers=c.checkpoint_teacher and values.requires_grad)
         used = ctx.has_context.to(length.device)
-        return teacher, {"context/latent_norm": float(values.detach().norm(dim=-1).mean()),
-                         "context/context_tokens": float(length[used].float().mean()) if used.any() else 0.0,
-                         "context/context_truncated": float((length[used] >= c.latent_tokens).float().mean())
-                         if used.any() else 0.0}
+        metrics = {"context/latent_norm": float(values.detach().norm(dim=-1).mean()),
+                   "context/context_tokens": float(length[used].float().mean()) if used.any() else 0.0,
+                   "context/context_truncated": float((length[used] >= c.latent_tokens).float().mean())
+                   if used.any() else 0.0}
+        K = values.shape[1]
+        present = (torch.arange(K)[None] < length[:, None] if self.composer.copy_tokens
+                   else torch.ones(len(length), K, dtype=torch.bool)) & ctx.has_context.cpu()[:, None]  # [b, K]
+        added = values if self.composer.copy_tokens else values - self.composer.filler
+        alike = slot_cosine(added, present.to(values.device))  # [b]
+        if not alike.isnan().all():  # (the gate at exactly 0 adds nothing: no direction to compare)
+            metrics["context/slot_cosine"] = float(alike.nanmean())
+        return teacher, metrics
 
     # ------------------------------------------------------------------ losses
 

@@ -101,3 +101,16 @@ class Composer(nn.Module):
         n = nn.functional.normalize(self.out(self.norm_out(q)), dim=-1) * self.embed_norm  # [b, K, H]
         added = torch.tanh(self.gate) * n
         return added if self.copy_tokens else self.filler.expand(b, self.latent_tokens, -1) + added
+
+
+def slot_cosine(added: Tensor, present: Tensor) -> Tensor:
+    """How alike the slots' additions are: per row, the mean cosine between the additions of two different
+    present slots (1: one vector for every slot, the composer can only shift the whole context).
+    added: [b, K, H] what the composer adds (before the base it is added to); present: [b, K] bool.
+    Returns [b] float64, NaN for a row with fewer than two present slots or an all-zero addition (gate 0)."""
+    unit = nn.functional.normalize(added.detach().double(), dim=-1) * present[..., None]  # [b, K, H]
+    n = present.sum(-1).double()  # [b]
+    total = unit.sum(1).pow(2).sum(-1) - unit.pow(2).sum((1, 2))  # [b] sum of cos over ordered pairs i != j
+    zero = (added.detach().ne(0).any(-1) | ~present).all(-1).logical_not()  # [b] some present slot adds nothing
+    return torch.where((n >= 2) & ~zero, total / (n * (n - 1)).clamp(min=1), torch.full_like(n, math.nan))
+
