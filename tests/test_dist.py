@@ -81,7 +81,7 @@ def assert_equivalent(a: dict, b: dict) -> None:
         torch.testing.assert_close(v, b["algorithm"]["composer"][k], atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "lopd"])
+@pytest.mark.parametrize("algorithm", [pytest.param("grpo", marks=pytest.mark.slow), "lopd"])  # LOPD's path holds GRPO's
 def test_two_ranks_equal_one_process(tmp_path, algorithm):
     run_single(_overrides(algorithm, tmp_path / "one"))
     run_ranks(_overrides(algorithm, tmp_path / "two"))

@@ -95,7 +95,6 @@ def kill_and_resume(algorithm: str, failpoint: str, run_dir: Path) -> subprocess
 # at 0, 16 and 32 rollouts (eval:1 is step 0's first split).
 FAST = [
     ("lopd", "bank.append:1"),          # step 1's experiences: keys written, entries not (no checkpoint yet)
-    ("lopd", "checkpoint.write:1"),     # during step 2's checkpoint write
 ]  # every other failpoint, for every algorithm, is in SLOW (the default suite's 15 minutes)
 SLOW = [(a, p) for a in ALGORITHMS for p in [
     "step.end:1", "rollout:1", "rollout:3", "update:2", "update:3", "remember:2", "bank.append:3", "eval:1",
