@@ -113,6 +113,6 @@ def slot_cosine(added: Tensor, present: Tensor) -> Tensor:
     unit = nn.functional.normalize(added.detach().double(), dim=-1) * present[..., None]  # [b, K, H]
     n = present.sum(-1).double()  # [b]
     total = unit.sum(1).pow(2).sum(-1) - unit.pow(2).sum((1, 2))  # [b] sum of cos over ordered pairs i != j
-    zero = (added.detach().ne(0).any(-1) | ~present).all(-1).logical_not()  # [b] some present slot adds nothing
-    return torch.where((n >= 2) & ~zero, total / (n * (n - 1)).clamp(min=1), torch.full_like(n, math.nan))
+    silent = (added.detach().eq(0).all(-1) & present).any(-1)  # [b] a present slot adds nothing: no direction
+    return torch.where((n >= 2) & ~silent, total / (n * (n - 1)).clamp(min=1), torch.full_like(n, math.nan))
 
