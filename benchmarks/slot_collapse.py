@@ -11,17 +11,23 @@ direction to compare.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import tempfile
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from conftest import rollouts, session_for  # noqa: E402
+from lopd.config import load_config
+from lopd.envs.toolworld import ToolWorld, ToolWorldConfig
+from lopd.latent.composer import slot_cosine
+from lopd.loop import build, update
+from lopd.rollout import collect
 
-from lopd.envs.toolworld import ToolWorld, ToolWorldConfig  # noqa: E402
-from lopd.latent.composer import slot_cosine  # noqa: E402
-from lopd.loop import update  # noqa: E402
+
+def rollouts(session, tasks, rewards):
+    """A batch of the session's own rollouts of `tasks`, with `rewards` in place of the env's verdicts."""
+    batch = collect(session.model, session.tokenizer, session.env, tasks, session.cfg.rollout)
+    batch.rewards = torch.tensor(rewards, dtype=torch.float32)[: len(batch)]
+    batch.success = batch.rewards > 0.5
+    return batch
 
 
 def alikeness(algorithm, batch, ctx) -> float:
@@ -38,10 +44,12 @@ def main() -> None:
     print("| queries | composer lr | slot cosine before | after one update |\n|---|---:|---:|---:|")
     for token in (False, True):
         for lr in (1e-2, 1e-3, 1e-4):
-            s = session_for(["algorithm.name=lopd", "rollout.tasks_per_step=4", "rollout.group_size=4",
-                             "rollout.max_new_tokens=40", "algorithm.lopd.latent_tokens=256",
-                             "algorithm.lopd.gate_init=0.1", f"algorithm.lopd.composer_lr={lr}",
-                             f"algorithm.lopd.token_queries={str(token).lower()}", "train.threads=1"], env=env)
+            overrides = [f"run.dir={tempfile.mkdtemp(prefix='slot-collapse-')}", "algorithm.name=lopd",
+                         "rollout.tasks_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=40",
+                         "algorithm.lopd.latent_tokens=256", "algorithm.lopd.gate_init=0.1",
+                         f"algorithm.lopd.composer_lr={lr}", f"algorithm.lopd.token_queries={str(token).lower()}",
+                         "train.threads=1"]
+            s = build(load_config(None, overrides), env=env)
             torch.manual_seed(3)
             s.algorithm.remember(rollouts(s, tasks, [1.0, 0.0] * 8), 1)
             batch = rollouts(s, tasks, [1.0, 0.0] * 8)  # every group mixed
