@@ -132,3 +132,42 @@ def test_eval_table_stacks_disjoint_category_splits_with_a_row_weighted_summary(
     assert lines[0] == "| category | n | official % | strict % |"
     assert lines[2] == "| cat_a | 2 | 50.0 | 0.0 |" and lines[3] == "| cat_b | 6 | 100.0 | 50.0 |"
     assert lines[4] == "| **all (weighted by rows)** | 8 | **87.5** | **37.5** |"  # (1 + 6) / 8, (0 + 3) / 8
+
+
+def _entry(finals: list[float], ablation: bool = False) -> dict:
+    """A report.json method entry with two budget points: 0.18 for every seed at 0, `finals` at 8."""
+    points, per_seed = [0, 8], {"0": [0.18] * len(finals), "8": finals}
+    return {"ablation": ablation, "runs": [f"runs/x/seed{i}" for i in range(len(finals))], "diagnostics": {},
+            "splits": {"test": {"points": points, "mean": [stat(per_seed[str(p)]).mean for p in points],
+                                "std": [stat(per_seed[str(p)]).std for p in points], "per_seed": per_seed,
+                                "final": finals, "auc": [0.2] * len(finals)}}}
+
+
+def test_merge_adds_recorded_methods_and_recomputes_the_verdicts():
+    from lopd.grid_report import add_reference, merge_reports
+
+    head = {"grid": "g", "budget": 8, "seeds": [0, 1, 2], "splits": ["test"]}
+    here = {**head, "methods": {"lopd_no_margin": _entry([0.20, 0.21, 0.22], ablation=True)}}
+    recorded = {**head, "provenance": {"command": "lopd compare ...", "commit": "abc1234", "config_hashes": {}},
+                "methods": {"grpo": _entry([0.30, 0.31, 0.32]), "lopd_no_margin": _entry([0.9, 0.9, 0.9])}}
+    merged = merge_reports(here, [("old/report.json", recorded)], "grpo")
+    assert list(merged["methods"]) == ["grpo", "lopd_no_margin"]
+    # the runs that are here win over a record of the same method
+    assert merged["methods"]["lopd_no_margin"]["splits"]["test"]["final"] == [0.20, 0.21, 0.22]
+    assert merged["merged_from"] == [{"report": "old/report.json", "methods": ["grpo"], "provenance": recorded["provenance"]}]
+    s = merged["methods"]["lopd_no_margin"]["splits"]["test"]
+    assert merged["reference"] == "grpo" and s["vs_reference"] == "lower" and s["rollouts_to_reference"] is None
+    # the same verdicts as one report that held both methods from the start
+    whole = add_reference({**head, "methods": {"grpo": _entry([0.30, 0.31, 0.32]),
+                                               "lopd_no_margin": _entry([0.20, 0.21, 0.22], ablation=True)}}, "grpo")
+    assert {m: e["splits"] for m, e in merged["methods"].items()} == {m: e["splits"] for m, e in whole["methods"].items()}
+    with pytest.raises(ValueError, match=r"old/report.json: budget 16 differs from this grid's 8"):
+        merge_reports(here, [("old/report.json", {**recorded, "budget": 16})], "grpo")
+    from lopd.compare import Grid
+    from lopd.grid_report import markdown
+
+    merged["provenance"] = {"command": "lopd compare --merge old/report.json", "grid_file": "g.yaml", "commit": "def5678",
+                            "machine": "m", "packages": {}, "config_hashes": {"runs/x/seed0": "00"}}
+    md = markdown(Grid(name="g", budget=8, eval_every=8, seeds=[0, 1, 2], methods=[]), merged, [])
+    assert "| grpo | 31.0 ± 1.0 |" in md and "| lopd_no_margin (ablation) | 21.0 ± 1.0 (lower) |" in md
+    assert "- methods `grpo` taken from the recorded `old/report.json` (its command: `lopd compare ...`, lopd commit abc1234)" in md

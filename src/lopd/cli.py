@@ -144,7 +144,10 @@ def cmd_compare(args) -> int:
     if args.workers:
         grid.workers = args.workers
     cells = grid_cells(grid) if args.report_only else run_grid(grid)
-    report = write_grid_report(grid, cells, command="lopd " + " ".join(sys.argv[1:]))
+    try:
+        report = write_grid_report(grid, cells, command="lopd " + " ".join(sys.argv[1:]), merge=args.merge or [])
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"--merge: {e}") from None
     print((report.parent / "report.md").read_text().split("## Success")[0])
     print(f"report: {report}\nfigures: {report.parent / 'curves.png'}")
     return 0
@@ -255,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="grid YAML file (see configs/compare_toolworld.yaml)")
     p.add_argument("--workers", type=int, default=0, help="parallel runs (default: the grid's `workers`)")
     p.add_argument("--report-only", action="store_true", help="only (re)write the report from existing runs")
+    p.add_argument("--merge", action="append", metavar="REPORT_JSON",
+                   help="also tabulate and plot the methods of this recorded report.json (same budget, seeds and "
+                        "splits) whose runs are not on this machine; repeatable")
     p.add_argument("grid_overrides", nargs="*", metavar="key=value", help="top-level grid keys, e.g. seeds=[0,1]")
     p.set_defaults(func=cmd_compare)
 

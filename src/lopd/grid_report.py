@@ -135,7 +135,12 @@ def summarise(grid: Grid, cells: list[Cell]) -> dict:
                                       "last": [d[key][1] for d in diagnostics if key in d]}
                                 for key in DIAGNOSTIC_TABLE if any(key in d for d in diagnostics)}
         out["methods"][m] = entry
-    ref_key = next((m for m in out["methods"] if m.split("/")[0] == grid.reference), None)
+    return add_reference(out, grid.reference)
+
+
+def add_reference(out: dict, reference: str) -> dict:
+    """Set every method's "rollouts to the reference's final" and its verdict against the reference."""
+    ref_key = next((m for m in out["methods"] if m.split("/")[0] == reference), None)
     out["reference"] = ref_key
     for m, entry in out["methods"].items():
         for split, s in entry["splits"].items():
@@ -143,6 +148,23 @@ def summarise(grid: Grid, cells: list[Cell]) -> dict:
             s["vs_reference"] = (compare_stats(stat(s["final"]), stat(out["methods"][ref_key]["splits"][split]["final"]))
                                  if ref_key and m != ref_key and split in out["methods"][ref_key]["splits"] else None)
     return out
+
+
+def merge_reports(data: dict, recorded: list[tuple[str, dict]], reference: str) -> dict:
+    """`data` (this grid's runs) with the methods of recorded report.json files added, for methods whose runs
+    are not here (made on a machine since gone). Every report must share the budget, seeds and splits, so
+    that the merged table compares equal budgets; a method present in the runs is never taken from a record.
+    Raises ValueError naming the file and the key that differs."""
+    out = {**data, "methods": {}, "merged_from": []}
+    for path, rec in recorded:
+        for key in ("budget", "seeds", "splits"):
+            if rec.get(key) != data.get(key):
+                raise ValueError(f"{path}: {key} {rec.get(key)} differs from this grid's {data.get(key)}")
+        taken = [m for m in rec["methods"] if m not in data["methods"] and m not in out["methods"]]
+        out["methods"].update({m: rec["methods"][m] for m in taken})
+        out["merged_from"].append({"report": path, "methods": taken, "provenance": rec.get("provenance", {})})
+    out["methods"].update(data["methods"])
+    return add_reference(out, reference)
 
 
 def _auc(points: list[tuple[int, float]], budget: int) -> float:
@@ -168,9 +190,14 @@ def _rollouts_to(s: dict, ref: dict | None) -> float | None:
 # ------------------------------------------------------------------------------- writing
 
 
-def write_grid_report(grid: Grid, cells: list[Cell], command: str = "") -> Path:
+def write_grid_report(grid: Grid, cells: list[Cell], command: str = "", merge: list[str] = ()) -> Path:
+    """report.md, report.json and figures under the grid's root. `merge`: recorded report.json files whose
+    methods (runs not on this machine) join the tables and the curves; the diagnostics figure, drawn from
+    the runs' own rows, then shows the runs that are here."""
     data = summarise(grid, cells)
     data["provenance"] = provenance(grid, cells, command)
+    if merge:
+        data = merge_reports(data, [(str(p), json.loads(Path(p).read_text())) for p in merge], grid.reference)
     root = grid.root
     root.mkdir(parents=True, exist_ok=True)
     figures = plot_grid(data, root)
@@ -272,6 +299,11 @@ def markdown(grid: Grid, data: dict, figures: list[str]) -> str:
             f"- machine: {prov['machine']}", f"- lopd commit: {prov['commit']}",
             "- packages: " + ", ".join(f"{k} {v}" for k, v in prov["packages"].items()), "- runs (config sha256):"]
     out += [f"  - `{run}`: {h}" for run, h in prov["config_hashes"].items()]
+    for src in data.get("merged_from", []):
+        p = src["provenance"]
+        out += [f"- methods {', '.join(f'`{m}`' for m in src['methods'])} taken from the recorded `{src['report']}` "
+                f"(its command: `{p.get('command', '?')}`, lopd commit {p.get('commit', '?')}); its runs (config sha256):"]
+        out += [f"  - `{run}`: {h}" for run, h in p.get("config_hashes", {}).items()]
     return "\n".join(out) + "\n"
 
 
@@ -343,7 +375,7 @@ def plot_grid(data: dict, root: Path) -> list[str]:
 def _plot_diagnostics(data: dict, root: Path) -> bool:
     import matplotlib.pyplot as plt
 
-    runs = [(m, Path(r)) for m, e in data["methods"].items() for r in e["runs"]]
+    runs = [(m, Path(r)) for m, e in data["methods"].items() for r in e["runs"] if Path(r).is_dir()]
     series = {(m, key): [] for m, _ in runs for key in DIAGNOSTICS}
     for m, path in runs:
         for key in DIAGNOSTICS:
