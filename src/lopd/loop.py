@@ -44,6 +44,7 @@ from lopd.evaluation import evaluate
 from lopd.models import load_policy, trainable_parameters
 from lopd.prompts import encode_prompt
 from lopd.rollout import RolloutBatch, collect
+from lopd.run_io import Progress, Terminated, peak_rss_gib, tensorboard_writer, terminated_as_interrupt
 from lopd.runs import RunDir, seed_everything
 from lopd.tokens import score_completions
 
@@ -376,7 +377,7 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
         run.begin(session.resumed_from, session.resuming)
         (run.path / "finished").unlink(missing_ok=True)
     purge = state.rollouts + 1 if session.resumed_from is not None else None
-    writer = _tensorboard(run, cfg, purge_step=purge) if main else None
+    writer = tensorboard_writer(run, cfg, purge_step=purge) if main else None
     history = run.read_metrics() if main else []
     per_group_seeds = cfg.rollout.seed_per_group or world.distributed
     pad, engine = session.tokenizer.pad_token_id, session.engine
@@ -411,9 +412,9 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
             dist.barrier(world)  # the other ranks wait for rank 0's evaluation
         return out
 
-    progress = _Progress(cfg, session.total_steps, quiet or not cfg.run.progress or not main)
+    progress = Progress(cfg, session.total_steps, quiet or not cfg.run.progress or not main)
     steps_here = 0
-    with _terminated_as_interrupt():
+    with terminated_as_interrupt():
         try:
             if state.step == 0:
                 timer = Timer()
@@ -513,90 +514,6 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
     return run.path
 
 
-def peak_rss_gib() -> float:
-    """This process's peak resident memory so far (Linux reports KiB)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
 def group_seed(seed: int, step: int, task: int) -> int:
     """The sampling seed of one group: a function of (train seed, step, task position) only."""
     return (seed * 1_000_003 + step * 10_007 + task) % 2**62
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, turned into an interrupt so the run records how it ended."""
-
-
-@contextmanager
-def _terminated_as_interrupt() -> Iterator[None]:
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _tensorboard(run: RunDir, cfg: Config, purge_step: int | None):
-    if not cfg.run.tensorboard:
-        return None
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as e:  # metrics.jsonl holds every number anyway
-        import warnings
-
-        warnings.warn(f"run.tensorboard: {e}; writing metrics.jsonl only (pip install tensorboard, or "
-                      f"run.tensorboard=false to silence this)")
-        return None
-
-    return SummaryWriter(log_dir=str(run.path / "tb"), purge_step=purge_step)
-
-
-class _Progress:
-    """A rich progress bar: rollouts spent against the budget, train reward, latest held-out success."""
-
-    def __init__(self, cfg: Config, total_steps: int, disabled: bool):
-        self.cfg, self.total, self.disabled, self.bar = cfg, total_steps, disabled, None
-        self.budget = total_steps * cfg.rollout.tasks_per_step * cfg.rollout.group_size
-        self.fields = {"reward": "-", "held_out": "-"}
-
-    def start(self, state: RunState, history: list[dict]) -> None:
-        if self.disabled:
-            return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-        for row in history:
-            self._absorb(row)
-        self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("rollouts  reward {task.fields[reward]}  held-out {task.fields[held_out]}"),
-                            TimeElapsedColumn(), TimeRemainingColumn())
-        self.bar.start()
-        self.task = self.bar.add_task(AlgorithmName(self.cfg.algorithm.name).value, total=self.budget, completed=state.rollouts, **self.fields)
-
-    def _absorb(self, row: dict) -> None:
-        if "reward/mean" in row:
-            self.fields["reward"] = f"{row['reward/mean']:.2f}"
-        evals = [f"{k.split('/')[1]} {100 * v:.0f}%" for k, v in row.items() if k.startswith("eval/") and k.endswith("/success")]
-        if evals:
-            self.fields["held_out"] = " ".join(evals)
-
-    def update(self, state: RunState, row: dict) -> None:
-        self._absorb(row)
-        if self.bar is not None:
-            self.bar.update(self.task, completed=state.rollouts, **self.fields)
-
-    def stop(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-            self.bar = None
