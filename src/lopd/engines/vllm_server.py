@@ -7,10 +7,7 @@ syncs weights into it is `lopd.engines.vllm`."""
 from __future__ import annotations
 
 import atexit
-import concurrent.futures
-import copy
 import json
-import math
 import os
 import shutil
 import signal
@@ -22,17 +19,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
-import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
-import torch
 from torch import Tensor
 
 from lopd.errors import LopdError
-from lopd.rollout import Samples, left_pad
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 LAUNCHERS = ("auto", "serve", "api_server")

@@ -69,7 +69,7 @@ from typing import Any, Sequence
 
 from lopd.envs.acebench import ACEBenchConfig, load_category, resolve_data_dir
 from lopd.envs.acebench_scenarios import CLASSES, Phone, jsonable
-from lopd.envs.base import DataError, ScoringMode, Score, Task, check_mode_and_fraction, hash_split
+from lopd.envs.base import DataError, Score, Task, check_mode_and_fraction, hash_split
 from lopd.envs.calls import Call, ParseFailure, parse_calls
 from lopd.errors import ConfigError
 
