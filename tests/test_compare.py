@@ -147,7 +147,9 @@ def test_merge_adds_recorded_methods_and_recomputes_the_verdicts():
     from lopd.grid_report import add_reference, merge_reports
 
     head = {"grid": "g", "budget": 8, "seeds": [0, 1, 2], "splits": ["test"]}
-    here = {**head, "methods": {"lopd_no_margin": _entry([0.20, 0.21, 0.22], ablation=True)}}
+    not_run = _entry([])  # a method of the grid file whose runs are not on this machine: no point evaluated
+    not_run["splits"]["test"]["points"] = []
+    here = {**head, "methods": {"grpo": not_run, "lopd_no_margin": _entry([0.20, 0.21, 0.22], ablation=True)}}
     recorded = {**head, "provenance": {"command": "lopd compare ...", "commit": "abc1234", "config_hashes": {}},
                 "methods": {"grpo": _entry([0.30, 0.31, 0.32]), "lopd_no_margin": _entry([0.9, 0.9, 0.9])}}
     merged = merge_reports(here, [("old/report.json", recorded)], "grpo")

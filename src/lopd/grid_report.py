@@ -153,17 +153,18 @@ def add_reference(out: dict, reference: str) -> dict:
 def merge_reports(data: dict, recorded: list[tuple[str, dict]], reference: str) -> dict:
     """`data` (this grid's runs) with the methods of recorded report.json files added, for methods whose runs
     are not here (made on a machine since gone). Every report must share the budget, seeds and splits, so
-    that the merged table compares equal budgets; a method present in the runs is never taken from a record.
-    Raises ValueError naming the file and the key that differs."""
+    that the merged table compares equal budgets; a method with an evaluated point in this grid's runs is
+    never taken from a record. Raises ValueError naming the file and the key that differs."""
+    here = {m: e for m, e in data["methods"].items() if any(sp["points"] for sp in e["splits"].values())}
     out = {**data, "methods": {}, "merged_from": []}
     for path, rec in recorded:
         for key in ("budget", "seeds", "splits"):
             if rec.get(key) != data.get(key):
                 raise ValueError(f"{path}: {key} {rec.get(key)} differs from this grid's {data.get(key)}")
-        taken = [m for m in rec["methods"] if m not in data["methods"] and m not in out["methods"]]
+        taken = [m for m in rec["methods"] if m not in here and m not in out["methods"]]
         out["methods"].update({m: rec["methods"][m] for m in taken})
         out["merged_from"].append({"report": path, "methods": taken, "provenance": rec.get("provenance", {})})
-    out["methods"].update(data["methods"])
+    out["methods"].update({m: e for m, e in data["methods"].items() if m not in out["methods"]})
     return add_reference(out, reference)
 
 
