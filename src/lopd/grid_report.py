@@ -194,14 +194,14 @@ def _rollouts_to(s: dict, ref: dict | None) -> float | None:
 def write_grid_report(grid: Grid, cells: list[Cell], command: str = "", merge: list[str] = ()) -> Path:
     """report.md, report.json and figures under the grid's root. `merge`: recorded report.json files whose
     methods (runs not on this machine) join the tables and the curves; the diagnostics figure, drawn from
-    the runs' own rows, then shows the runs that are here."""
+    the runs' own rows, is then left out (the records' diagnostics stay in the table)."""
     data = summarise(grid, cells)
     data["provenance"] = provenance(grid, cells, command)
     if merge:
         data = merge_reports(data, [(str(p), json.loads(Path(p).read_text())) for p in merge], grid.reference)
     root = grid.root
     root.mkdir(parents=True, exist_ok=True)
-    figures = plot_grid(data, root)
+    figures = plot_grid(data, root, diagnostics=not merge)
     (root / "report.json").write_text(json.dumps(data, indent=1, default=float))
     (root / "report.md").write_text(markdown(grid, data, figures))
     return root / "report.md"
@@ -336,7 +336,7 @@ def provenance(grid: Grid, cells: list[Cell], command: str) -> dict:
             "packages": packages, "config_hashes": hashes}
 
 
-def plot_grid(data: dict, root: Path) -> list[str]:
+def plot_grid(data: dict, root: Path, diagnostics: bool = True) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -368,7 +368,7 @@ def plot_grid(data: dict, root: Path) -> list[str]:
     fig.savefig(root / "curves.png", dpi=120)
     plt.close(fig)
     figures = ["curves.png"]
-    if _plot_diagnostics(data, root):
+    if diagnostics and _plot_diagnostics(data, root):
         figures.append("diagnostics.png")
     return figures
 
@@ -376,7 +376,7 @@ def plot_grid(data: dict, root: Path) -> list[str]:
 def _plot_diagnostics(data: dict, root: Path) -> bool:
     import matplotlib.pyplot as plt
 
-    runs = [(m, Path(r)) for m, e in data["methods"].items() for r in e["runs"] if Path(r).is_dir()]
+    runs = [(m, Path(r)) for m, e in data["methods"].items() for r in e["runs"]]
     series = {(m, key): [] for m, _ in runs for key in DIAGNOSTICS}
     for m, path in runs:
         for key in DIAGNOSTICS:
