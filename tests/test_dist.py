@@ -93,6 +93,7 @@ def test_two_ranks_equal_one_process(tmp_path, algorithm):
     assert not (tmp_path / "two" / "lock").read_text() == ""  # rank 0 held the run
 
 
+@pytest.mark.slow  # 71 s; the 2-rank LOPD equivalence and the one-process resume tests stay in make test
 def test_a_two_rank_run_resumes_on_one_rank(tmp_path):
     run_ranks(_overrides("lopd", tmp_path / "whole", steps=4))
     stopped = _overrides("lopd", tmp_path / "stopped", steps=4)

@@ -164,6 +164,10 @@ def merge_reports(data: dict, recorded: list[tuple[str, dict]], reference: str) 
         taken = [m for m in rec["methods"] if m not in here and m not in out["methods"]]
         out["methods"].update({m: rec["methods"][m] for m in taken})
         out["merged_from"].append({"report": path, "methods": taken, "provenance": rec.get("provenance", {})})
+    if "provenance" in data:  # the taken methods' runs are listed under their record, not as missing here
+        gone = {r for m in out["methods"] for r in data["methods"].get(m, {}).get("runs", [])}
+        hashes = data["provenance"]["config_hashes"]
+        out["provenance"] = {**data["provenance"], "config_hashes": {r: h for r, h in hashes.items() if r not in gone}}
     out["methods"].update({m: e for m, e in data["methods"].items() if m not in out["methods"]})
     return add_reference(out, reference)
 
