@@ -18,8 +18,9 @@ from lopd.envs.acebench import (
     SPECIAL, SPLITS, category_results, leaderboard_summary, parse_transcript, resolve_data_dir, split_unit, summary,
 )
 from lopd.envs.acebench_checker import (
-    answer_candidates, call_name, official_decode, official_normal, official_special, strict_normal, strict_special,
+    answer_candidates, call_name, official_normal, official_special, strict_normal, strict_special,
 )
+from lopd.envs.acebench_decode import official_decode
 from lopd.envs.base import DataError, Env, Score, Task
 from lopd.envs.calls import Call, parse_calls
 from lopd.errors import ConfigError
