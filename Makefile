@@ -19,9 +19,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/lopd demo
 
+TEST_WORKERS ?= 2  # pytest-xdist processes; each file's tests stay in one (module fixtures are built once)
+
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts examples
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow

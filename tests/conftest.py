@@ -6,6 +6,15 @@ import torch
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# `make test` runs the suite in pytest-xdist workers. Each worker gets its share of the cores, and so does
+# every process it starts (OMP_NUM_THREADS is inherited): two workers of 2 threads on 2 cores spin-wait on
+# each other. Runs that are compared bit for bit all use this one thread count (`small_overrides`).
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+THREADS = max(1, (os.cpu_count() or 1) // WORKERS)
+if WORKERS > 1:
+    os.environ["OMP_NUM_THREADS"] = str(THREADS)
+    torch.set_num_threads(THREADS)
+
 
 @pytest.fixture(scope="session")
 def tiny():
@@ -31,7 +40,7 @@ def small_overrides(run_dir, **extra) -> list[str]:
         "rollout.tasks_per_step": 2, "rollout.group_size": 4, "rollout.max_new_tokens": 48,
         "train.max_rollouts": 32, "eval.every_rollouts": 16, "eval.max_tasks": 4, "optim.lr": 1e-3,
         "env.toolworld.n_train": 40, "env.toolworld.n_test": 8, "env.toolworld.n_transfer": 8,
-        "train.threads": 2,  # bit-identical comparisons need the same thread count in every process
+        "train.threads": THREADS,  # bit-identical comparisons need the same thread count in every process
     }
     items.update(extra)
     return [f"{k}={v}" for k, v in items.items()]
