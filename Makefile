@@ -19,7 +19,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/lopd demo
 
-TEST_WORKERS ?= 2  # pytest-xdist processes; each file's tests stay in one (module fixtures are built once)
+# pytest-xdist processes; each file's tests stay in one (module fixtures are built once)
+TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts examples

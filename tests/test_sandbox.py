@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from lopd.envs.sandbox import (MODES, STATUSES, UID_BASE, UID_POOL, SandboxUnavailable, _classify, last_error_line,
+from lopd.envs.sandbox import (MODES, NOBODY, STATUSES, UID_BASE, UID_POOL, SandboxUnavailable, _classify, last_error_line,
                                run_many, run_python, sandbox_guarantees)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,19 +45,27 @@ def run(code: str, mode: str, **kwargs):
     return run_python(textwrap.dedent(code), isolation=mode, **kwargs)
 
 
-def sandbox_processes() -> list[int]:
-    """Live processes owned by a sandbox uid (root mode); [] when not root."""
+def leftovers(result) -> list[int]:
+    """Live processes of a finished run's sandbox uid that started before it returned; [] when not root.
+    Only this run's: the suite runs in parallel workers, whose sandbox runs hold other uids of the pool, and
+    a uid released by this run may be leased again at once (a new run's processes start after the return)."""
+    if result.uid is None:
+        assert not AS_ROOT, "as root, every run drops to a sandbox uid"
+        return []
+    assert UID_BASE <= result.uid < UID_BASE + UID_POOL or result.uid == NOBODY, result.uid
+    returned = float(Path("/proc/uptime").read_text().split()[0]) * os.sysconf("SC_CLK_TCK")
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            text = Path(f"/proc/{entry}/status").read_text()
+            status, stat_line = Path(f"/proc/{entry}/status").read_text(), Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        uid = int(next(ln for ln in text.splitlines() if ln.startswith("Uid:")).split()[1])
-        state = next(ln for ln in text.splitlines() if ln.startswith("State:")).split()[1]
-        if (UID_BASE <= uid < UID_BASE + UID_POOL or uid == 65534) and state != "Z":
+        uid = int(next(ln for ln in status.splitlines() if ln.startswith("Uid:")).split()[1])
+        state = next(ln for ln in status.splitlines() if ln.startswith("State:")).split()[1]
+        started = int(stat_line.rsplit(")", 1)[1].split()[19])  # field 22, in clock ticks since boot
+        if uid == result.uid and state != "Z" and started <= returned:
             found.append(int(entry))
     return found
 
@@ -109,7 +117,7 @@ def test_fork_bomb_is_contained(mode):
     r = run("import os\nwhile True:\n    os.fork()", mode, max_processes=12, timeout_s=2)
     assert r.status == "process_limit", r
     assert "process limit of 12" in r.reason
-    assert sandbox_processes() == []
+    assert leftovers(r) == []
 
 
 def test_fork_bomb_that_ignores_errors_is_killed(mode):
@@ -124,7 +132,7 @@ def test_fork_bomb_that_ignores_errors_is_killed(mode):
     r = run(code, mode, max_processes=8, timeout_s=1)
     assert r.status == "timeout", r
     assert r.seconds < 6
-    assert sandbox_processes() == []
+    assert leftovers(r) == []
 
 
 def test_memory_bomb(mode):
@@ -317,7 +325,7 @@ def test_background_processes_die_with_the_run(mode):
     """
     r = run(code, mode)
     assert r.status == "ok", r
-    assert sandbox_processes() == []
+    assert leftovers(r) == []
 
 
 def test_each_run_has_a_fresh_folder_that_is_deleted(mode):

@@ -82,6 +82,7 @@ class ExecResult:
     stderr: str  # the last STDERR_KEEP characters
     reason: str  # one line: why this status
     seconds: float  # wall-clock time of the whole run
+    uid: int | None = None  # the uid the code ran as (as root: its leased per-run uid); None: the caller's
 
     @property
     def ok(self) -> bool:
@@ -282,7 +283,7 @@ def _run(mode: _Mode, code: str, limits: dict, stdin: str, max_output_bytes: int
                 _rmtree(workdir)
     stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")[-STDERR_KEEP:]
     status, returncode, reason = _classify(_control_fields(ctl), why, stderr, limits, max_output_bytes)
-    return ExecResult(status, returncode, stdout, stderr, reason, time.monotonic() - start)
+    return ExecResult(status, returncode, stdout, stderr, reason, time.monotonic() - start, uid)
 
 
 def _reap(proc: subprocess.Popen) -> None:
