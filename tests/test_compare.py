@@ -2,6 +2,7 @@
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -9,7 +10,7 @@ import pytest
 
 from lopd.compare import cells, is_finished, load_grid
 from lopd.errors import ConfigError
-from lopd.grid_report import stat
+from lopd.grid_report import cost_of, stat
 from lopd.runs import RunDir
 
 GRID = """
@@ -81,6 +82,21 @@ def test_grid_end_to_end_resume_and_report_equals_metrics(grid_file, tmp_path):
     assert opsd["diagnostics"]["context/teacher_gain_success"]["last"] == pytest.approx([sum(g[-EDGE_STEPS:]) / len(g[-EDGE_STEPS:]) for g in gains])
     assert "diagnostics" not in report["methods"]["grpo"] or not report["methods"]["grpo"]["diagnostics"]
     assert "## Training diagnostics" in (root / "report.md").read_text()
+    # the cost table: medians of the logged phase times, the largest peak RSS, the mean mixed-group share
+    for method, entry in report["methods"].items():
+        rows = RunDir(entry["runs"][0]).read_metrics()
+        train_rows = [r for r in rows if "train" in r["kind"]]
+        run0 = cost_of(all_cells[[str(c.path) for c in all_cells].index(entry["runs"][0])], grid.budget)
+        assert run0["steps"] == len(train_rows) == grid.budget // 8
+        assert run0["time/update"] == pytest.approx(statistics.median(r["time/update"] for r in train_rows))
+        assert run0["time/step"] >= run0["time/rollout"] + run0["time/update"] > 0
+        assert run0["time/eval"] == pytest.approx(statistics.median(r["time/eval"] for r in rows if "time/eval" in r))
+        assert run0["memory/peak_rss_gib"] == max(r["memory/peak_rss_gib"] for r in train_rows)
+        assert run0["reward/mixed_groups"] == pytest.approx(statistics.fmean(r["reward/mixed_groups"] for r in train_rows))
+        runs = [cost_of(c, grid.budget) for c in all_cells if str(c.path) in entry["runs"]]
+        assert entry["cost"]["time/update"] == pytest.approx(statistics.fmean(c["time/update"] for c in runs))
+        assert entry["cost"]["memory/peak_rss_gib"] == max(c["memory/peak_rss_gib"] for c in runs)
+    assert "## Cost and learning signal" in (root / "report.md").read_text()
     assert "| grpo |" in (root / "report.md").read_text()
     # a second call finds everything finished and only rewrites the report
     again = _compare(grid_file)

@@ -30,6 +30,8 @@ DIAGNOSTIC_TABLE = {
     "context/retrieval_hit": "same-tool hit", "context/slot_cosine": "slot cosine",
 }
 EDGE_STEPS = 4  # diagnostics are compared between each run's first and last this many steps
+# the loop's timed phases, in the order a step runs them (`time/*` in metrics.jsonl); eval is reported apart
+PHASES = ["sync", "rollout", "score", "correct", "context", "update", "remember", "checkpoint"]
 
 
 @dataclass
@@ -102,6 +104,34 @@ def diagnostics_of(cell: Cell, budget: int | None = None) -> dict[str, tuple[flo
     return out
 
 
+def cost_of(cell: Cell, budget: int | None = None) -> dict[str, float]:
+    """What one run spent and what signal it had, from its training rows up to `budget` rollouts: the median
+    seconds of each phase per step (`time/<phase>`), of a whole step (its phases summed) and of one evaluation;
+    the largest peak memory any row recorded (RSS, and GPU memory where logged); the mean rollout success and
+    share of groups with mixed rewards (the groups that carry an advantage); the number of steps."""
+    rows = rows_of(cell, budget)
+    train = [r for r in rows if "train" in r.get("kind", "")]
+    out: dict[str, float] = {"steps": len(train)}
+    for phase in PHASES:
+        values = [r[f"time/{phase}"] for r in train if f"time/{phase}" in r]
+        if values:
+            out[f"time/{phase}"] = statistics.median(values)
+    if train:
+        out["time/step"] = statistics.median(sum(r.get(f"time/{p}", 0.0) for p in PHASES) for r in train)
+    evals = [r["time/eval"] for r in rows if "time/eval" in r]
+    if evals:
+        out["time/eval"] = statistics.median(evals)
+    for key in ("memory/peak_rss_gib", "memory/peak_gib"):
+        values = [r[key] for r in rows if key in r]
+        if values:
+            out[key] = max(values)
+    for key in ("reward/success", "reward/mixed_groups"):
+        values = [r[key] for r in train if key in r]
+        if values:
+            out[key] = statistics.fmean(values)
+    return out
+
+
 def method_key(cell: Cell) -> str:
     return "/".join([cell.method.name] + [p for p in (cell.backbone, cell.env) if p])
 
@@ -134,6 +164,10 @@ def summarise(grid: Grid, cells: list[Cell]) -> dict:
         entry["diagnostics"] = {key: {"first": [d[key][0] for d in diagnostics if key in d],
                                       "last": [d[key][1] for d in diagnostics if key in d]}
                                 for key in DIAGNOSTIC_TABLE if any(key in d for d in diagnostics)}
+        costs = [cost_of(c, grid.budget) for c in methods[m]]
+        # over seeds: the mean of each run's medians and means, the largest peak
+        entry["cost"] = {key: (max if key.startswith("memory/") else statistics.fmean)([c[key] for c in costs if key in c])
+                         for key in dict.fromkeys(k for c in costs for k in c)}
         out["methods"][m] = entry
     return add_reference(out, grid.reference)
 
@@ -264,6 +298,26 @@ def diagnostics_table(data: dict) -> str | None:
     return "\n".join(lines)
 
 
+def cost_table(data: dict) -> str | None:
+    """Per method: median seconds per phase, step and evaluation, peak memory, and the learning signal the
+    rollouts carried; None when no method has training rows (e.g. every run recorded elsewhere)."""
+    costs = {m: e["cost"] for m, e in data["methods"].items() if e.get("cost", {}).get("steps")}
+    if not costs:
+        return None
+    present = lambda key: any(key in c for c in costs.values())  # noqa: E731
+    columns = [("steps", "steps", "{:.0f}")]
+    columns += [(f"time/{p}", f"{p} s", "{:.1f}") for p in PHASES if present(f"time/{p}")]
+    columns += [("time/step", "step s", "{:.1f}"), ("time/eval", "eval s", "{:.1f}"),
+                ("memory/peak_rss_gib", "peak RSS GiB", "{:.1f}"), ("memory/peak_gib", "peak GPU GiB", "{:.1f}"),
+                ("reward/success", "rollout success %", "{:.1%}"), ("reward/mixed_groups", "mixed groups %", "{:.1%}")]
+    columns = [c for c in columns if present(c[0])]
+    lines = ["| method | " + " | ".join(title for _, title, _ in columns) + " |", "|---|" + "---:|" * len(columns)]
+    for m, c in costs.items():
+        cells = [fmt.format(c[key]).rstrip("%") if key in c else "-" for key, _, fmt in columns]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def markdown(grid: Grid, data: dict, figures: list[str]) -> str:
     prov = data["provenance"]
     n_seeds = len(grid.seeds)
@@ -294,6 +348,13 @@ def markdown(grid: Grid, data: dict, figures: list[str]) -> str:
                 "gains; Δ is the latent teacher's log-likelihood gain over the context-free model, the teacher gain "
                 "the teacher's over the student, on the student's own successful and failed trajectories).", "",
                 table, ""]
+    table = cost_table(data)
+    if table:
+        out += ["## Cost and learning signal", "",
+                "Median wall seconds per training step of each timed phase and of the whole step, median seconds per "
+                "evaluation, the largest peak memory recorded, the mean share of rollouts that succeeded and of groups "
+                "whose rewards differ (only those carry an advantage); runs' figures are averaged over seeds. Times "
+                "are only comparable between runs that had the machine to themselves.", "", table, ""]
     out += ["## Transfer (final success, %)", "",
             "Trained on the train split; `test` holds new requests to the same tools, other splits unseen tools "
             "or another env.", "", "| method | " + " | ".join(data["splits"]) + " |", "|---|" + "---:|" * len(data["splits"])]

@@ -52,7 +52,7 @@ def _arith(node: ast.expr) -> Any:
         left, right = _arith(node.left), _arith(node.right)
         numbers = all(isinstance(x, (int, float, complex)) for x in (left, right))
         if isinstance(node.op, (ast.Pow, ast.LShift)) and numbers and (
-                abs(right) > 4096 or (isinstance(left, int) and left.bit_length() * abs(right) > 100_000)):
+                abs(right) > 4096 or (isinstance(left, int) and left.bit_length() * abs(right) > MAX_BITS)):
             raise ValueError("exponent too large to evaluate")
         if isinstance(node.op, ast.Mult) and not numbers:
             count = left if isinstance(left, int) else right
