@@ -34,7 +34,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from lopd import dist, failpoints, fsdp, microbatch
+from lopd import dist, failpoints, fsdp, host_memory, microbatch
 from lopd.algorithms import Algorithm, Context, build_algorithm
 from lopd.dist import World
 from lopd.config import Aggregation, AlgorithmName, Config, head_dtype_of, to_yaml
@@ -381,6 +381,7 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
     history = run.read_metrics() if main else []
     per_group_seeds = cfg.rollout.seed_per_group or world.distributed
     pad, engine = session.tokenizer.pad_token_id, session.engine
+    cpu_memory_returned = cfg.train.return_host_memory and session.device.type == "cpu"
 
     def log(row: dict) -> dict:
         row = {"step": state.step, "rollouts": state.rollouts, "tokens": state.tokens, **row}
@@ -440,7 +441,7 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
                 failpoints.reached("rollout")
                 with timer("context"):
                     ctx = algorithm.build_context(batch, step)
-                with timer("update"):
+                with timer("update"), host_memory.activations_returned(cpu_memory_returned):
                     metrics = update(model, algorithm, session.optimizer, session.scheduler, batch, ctx, cfg, world)
                 everyone = RolloutBatch.concat(dist.gather(world, batch), pad)  # the whole step, in rank order
                 with timer("remember"):
