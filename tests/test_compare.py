@@ -92,6 +92,8 @@ def test_grid_end_to_end_resume_and_report_equals_metrics(grid_file, tmp_path):
         assert run0["time/step"] >= run0["time/rollout"] + run0["time/update"] > 0
         assert run0["time/eval"] == pytest.approx(statistics.median(r["time/eval"] for r in rows if "time/eval" in r))
         assert run0["memory/peak_rss_gib"] == max(r["memory/peak_rss_gib"] for r in train_rows)
+        for phase in ("rollout", "update", "eval"):  # each phase's own peak, below the process's
+            assert 0 < run0[f"memory/peak_rss_gib/{phase}"] <= run0["memory/peak_rss_gib"]
         assert run0["reward/mixed_groups"] == pytest.approx(statistics.fmean(r["reward/mixed_groups"] for r in train_rows))
         runs = [cost_of(c, grid.budget) for c in all_cells if str(c.path) in entry["runs"]]
         assert entry["cost"]["time/update"] == pytest.approx(statistics.fmean(c["time/update"] for c in runs))

@@ -61,3 +61,26 @@ def test_harmless_without_glibc(monkeypatch):
         pass
     with host_memory.activations_returned(enabled=False):
         pass
+
+
+PHASES = textwrap.dedent("""
+    import torch
+    from lopd import host_memory
+
+    assert host_memory.start_phase_peak()
+    big = torch.ones(200 << 18)  # 200 MiB, touched
+    del big
+    first = host_memory.phase_peak_gib()
+    assert host_memory.start_phase_peak()
+    small = torch.ones(20 << 18)  # 20 MiB
+    second = host_memory.phase_peak_gib()
+    print(first, second, host_memory.peak_rss_gib())
+""")
+
+
+@pytest.mark.skipif(not host_memory.start_phase_peak(), reason="no resettable RSS high-water mark (not Linux)")
+def test_each_phase_reads_its_own_peak_and_the_process_keeps_its_own():
+    out = subprocess.run([sys.executable, "-c", PHASES], capture_output=True, text=True, check=True)
+    first, second, process = map(float, out.stdout.split())
+    assert first - second > 0.15  # the 200 MiB phase peaked higher than the 20 MiB one ...
+    assert process >= first > 0.2  # ... and the process's peak survived the reset

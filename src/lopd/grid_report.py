@@ -32,6 +32,8 @@ DIAGNOSTIC_TABLE = {
 EDGE_STEPS = 4  # diagnostics are compared between each run's first and last this many steps
 # the loop's timed phases, in the order a step runs them (`time/*` in metrics.jsonl); eval is reported apart
 PHASES = ["sync", "rollout", "score", "correct", "context", "update", "remember", "checkpoint"]
+# the phases whose peak resident memory the cost table shows (`memory/peak_rss_gib/<phase>`, Linux)
+PHASE_PEAKS = {f"memory/peak_rss_gib/{p}": f"{p} peak RSS GiB" for p in ("rollout", "update", "eval")}
 
 
 @dataclass
@@ -107,7 +109,7 @@ def diagnostics_of(cell: Cell, budget: int | None = None) -> dict[str, tuple[flo
 def cost_of(cell: Cell, budget: int | None = None) -> dict[str, float]:
     """What one run spent and what signal it had, from its training rows up to `budget` rollouts: the median
     seconds of each phase per step (`time/<phase>`), of a whole step (its phases summed) and of one evaluation;
-    the largest peak memory any row recorded (RSS, and GPU memory where logged); the mean rollout success and
+    the largest peak memory any row recorded (RSS, per phase where logged, and GPU memory); the mean rollout success and
     share of groups with mixed rewards (the groups that carry an advantage); the number of steps."""
     rows = rows_of(cell, budget)
     train = [r for r in rows if "train" in r.get("kind", "")]
@@ -121,7 +123,7 @@ def cost_of(cell: Cell, budget: int | None = None) -> dict[str, float]:
     evals = [r["time/eval"] for r in rows if "time/eval" in r]
     if evals:
         out["time/eval"] = statistics.median(evals)
-    for key in ("memory/peak_rss_gib", "memory/peak_gib"):
+    for key in ("memory/peak_rss_gib", "memory/peak_gib", *PHASE_PEAKS):
         values = [r[key] for r in rows if key in r]
         if values:
             out[key] = max(values)
@@ -308,7 +310,8 @@ def cost_table(data: dict) -> str | None:
     columns = [("steps", "steps", "{:.0f}")]
     columns += [(f"time/{p}", f"{p} s", "{:.1f}") for p in PHASES if present(f"time/{p}")]
     columns += [("time/step", "step s", "{:.1f}"), ("time/eval", "eval s", "{:.1f}"),
-                ("memory/peak_rss_gib", "peak RSS GiB", "{:.1f}"), ("memory/peak_gib", "peak GPU GiB", "{:.1f}"),
+                ("memory/peak_rss_gib", "peak RSS GiB", "{:.1f}"),
+                *[(key, title, "{:.1f}") for key, title in PHASE_PEAKS.items()], ("memory/peak_gib", "peak GPU GiB", "{:.1f}"),
                 ("reward/success", "rollout success %", "{:.1%}"), ("reward/mixed_groups", "mixed groups %", "{:.1%}")]
     columns = [c for c in columns if present(c[0])]
     lines = ["| method | " + " | ".join(title for _, title, _ in columns) + " |", "|---|" + "---:|" * len(columns)]

@@ -44,7 +44,7 @@ from lopd.evaluation import evaluate
 from lopd.models import load_policy, trainable_parameters
 from lopd.prompts import encode_prompt
 from lopd.rollout import RolloutBatch, collect
-from lopd.run_io import Progress, Terminated, peak_rss_gib, tensorboard_writer, terminated_as_interrupt
+from lopd.run_io import Progress, Terminated, tensorboard_writer, terminated_as_interrupt
 from lopd.runs import RunDir, seed_everything
 from lopd.tokens import score_completions
 
@@ -59,19 +59,31 @@ class RunState:
 
 
 class Timer:
-    """Wall-clock seconds per named phase; on a GPU each phase ends with a synchronise, so queued kernels
-    are charged to the phase that launched them."""
+    """Wall-clock seconds per named phase, and the phase's peak resident memory where the kernel can reset
+    its high-water mark (Linux). On a GPU each phase ends with a synchronise, so queued kernels are charged
+    to the phase that launched them."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
+        self.peaks: dict[str, float] = {}
         self.sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
 
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
+        tracked = host_memory.start_phase_peak()
         start = time.perf_counter()
         yield
         self.sync()
         self.seconds[f"time/{phase}"] = self.seconds.get(f"time/{phase}", 0.0) + time.perf_counter() - start
+        peak = host_memory.phase_peak_gib() if tracked else None
+        if peak is not None:
+            key = f"memory/peak_rss_gib/{phase}"
+            self.peaks[key] = max(self.peaks.get(key, 0.0), peak)
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """`time/<phase>` seconds and `memory/peak_rss_gib/<phase>` GiB, for the row of the step."""
+        return {**self.seconds, **self.peaks}
 
 
 def run_dir_for(cfg: Config) -> Path:
@@ -419,7 +431,7 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
         try:
             if state.step == 0:
                 timer = Timer()
-                log({"kind": "eval", **run_eval(timer), **timer.seconds})
+                log({"kind": "eval", **run_eval(timer), **timer.metrics})
             progress.start(state, history)
             while state.step < session.total_steps:
                 timer = Timer()
@@ -456,7 +468,7 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
                        **metrics}
                 if session.device.type == "cuda":
                     row["memory/peak_gib"] = torch.cuda.max_memory_allocated(session.device) / 2**30
-                row["memory/peak_rss_gib"] = peak_rss_gib()
+                row["memory/peak_rss_gib"] = host_memory.peak_rss_gib()
                 every = cfg.eval.every_rollouts
                 if state.step == session.total_steps or (every and state.rollouts // every > prev // every):
                     row.update({"kind": "train+eval", **run_eval(timer)})
@@ -470,10 +482,10 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
                                 "scheduler": session.scheduler.state_dict(),
                                 "algorithm": gathered["algorithm"] if gathered else algorithm.state_dict(),
                                 "run": vars(state)}, keep=cfg.run.keep_checkpoints, gathered=gathered)
-                full = {"step": state.step, "rollouts": state.rollouts, "tokens": state.tokens, **row, **timer.seconds}
+                full = {"step": state.step, "rollouts": state.rollouts, "tokens": state.tokens, **row, **timer.metrics}
                 if pending is not None:
                     pending.finish(history + [full])  # the checkpoint holds its own row ...
-                log({**row, **timer.seconds})  # ... which reaches metrics.jsonl before the checkpoint is visible
+                log({**row, **timer.metrics})  # ... which reaches metrics.jsonl before the checkpoint is visible
                 if pending is not None:
                     pending.commit()
                 failpoints.reached("step.end")

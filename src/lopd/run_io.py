@@ -1,5 +1,5 @@
 """What a training process shows and hears, apart from the loop's logic: the progress bar, the TensorBoard
-writer, SIGTERM turned into an interrupt (so a killed run records how it ended), and its peak memory."""
+writer, and SIGTERM turned into an interrupt (so a killed run records how it ended)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,6 @@ from lopd.runs import RunDir
 
 if TYPE_CHECKING:
     from lopd.loop import RunState
-
-
-def peak_rss_gib() -> float:
-    """This process's peak resident memory so far (Linux reports KiB)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 class Terminated(KeyboardInterrupt):
