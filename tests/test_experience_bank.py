@@ -158,3 +158,26 @@ def test_distinct_search_never_returns_the_same_experience_twice():
     assert found.index[0][0] in range(5) and found.index[0][1:] == [5, 6]
     assert found.similarity[0] == pytest.approx([1.0, 0.8, 0.6])
     assert len(bank.search(query, 5, distinct=True).index[0]) == 3  # fewer than k distinct: all of them
+
+
+def test_retrieval_metrics_count_same_category_and_same_task_hits():
+    from types import SimpleNamespace
+
+    from lopd.envs.base import Task
+    from lopd.latent.experience_bank import Retrieved
+    from lopd.latent.memory import ExperienceMemory
+
+    bank = ExperienceBank(DIM)
+    rng = np.random.default_rng(2)
+    bank.add([Experience("t0", "task 0", "a", 1.0, True, category="add"),
+              Experience("t1", "task 1", "b", 1.0, True, category="mul")], _unit(rng, 2))
+    memory = object.__new__(ExperienceMemory)  # the metrics read only the bank
+    memory.bank = bank
+    tasks = [Task("t0", (), None, "add"), Task("t2", (), None, "add"), Task("t3", (), None, "add")]
+    # t0 retrieves itself (a revisit), t2 a same-category other task, t3 only another category
+    found = Retrieved([[0], [1, 0], [1]], [[0.9], [0.5, 0.4], [0.2]])
+    m = memory.metrics(SimpleNamespace(tasks=tasks), found)
+    assert m["context/retrieval_hit"] == pytest.approx(2 / 3)
+    assert m["context/retrieval_same_task"] == pytest.approx(1 / 3)
+    assert m["context/retrieved_per_task"] == pytest.approx(4 / 3)
+    assert m["context/retrieval_similarity"] == pytest.approx((0.9 + 0.5 + 0.4 + 0.2) / 4)

@@ -27,7 +27,7 @@ DIAGNOSTIC_TABLE = {
     "context/teacher_gain_success": "teacher gain, successes", "context/teacher_gain_failure": "teacher gain, failures",
     "context/delta_success": "Δ, successes", "context/delta_failure": "Δ, failures", "context/privilege": "A·Δ",
     "context/margin_violation": "margin violations", "context/gate": "gate tanh(g)", "context/coverage": "coverage",
-    "context/retrieval_hit": "same-tool hit", "context/slot_cosine": "slot cosine",
+    "context/retrieval_hit": "same-category hit", "context/retrieval_same_task": "same-task hit", "context/slot_cosine": "slot cosine",
 }
 EDGE_STEPS = 4  # diagnostics are compared between each run's first and last this many steps
 # the loop's timed phases, in the order a step runs them (`time/*` in metrics.jsonl); eval is reported apart

@@ -72,14 +72,19 @@ class ExperienceMemory:
         return Retrieved([found.index[row[g]] for g in groups], [found.similarity[row[g]] for g in groups])
 
     def metrics(self, batch, found) -> dict[str, float]:
-        """Bank size, similarity of what was retrieved, and the hit rate: the fraction of tasks for which
-        at least one retrieved experience is of the task's own category (ToolWorld: the same tool)."""
+        """Bank size, similarity of what was retrieved, and two hit rates: the fraction of tasks for which at
+        least one retrieved experience is of the task's own category (ToolWorld: the same tool; an env with
+        one category, e.g. HumanEval, hits whenever anything is retrieved) and of the task itself (an
+        earlier visit's experience: a task revisited in a later epoch)."""
         sims = [s for row in found.similarity for s in row]
-        hits = [any(self.bank.entries[i].category == t.category for i in row) for t, row in zip(batch.tasks, found.index)]
+        pairs = list(zip(batch.tasks, found.index))
+        hits = [any(self.bank.entries[i].category == t.category for i in row) for t, row in pairs]
+        same = [any(self.bank.entries[i].task_id == t.id for i in row) for t, row in pairs]
         return {**self.bank.stats(),
                 "context/retrieved_per_task": sum(map(len, found.index)) / max(len(found.index), 1),
                 "context/retrieval_similarity": sum(sims) / len(sims) if sims else 0.0,
-                "context/retrieval_hit": sum(hits) / max(len(hits), 1)}
+                "context/retrieval_hit": sum(hits) / max(len(hits), 1),
+                "context/retrieval_same_task": sum(same) / max(len(same), 1)}
 
 
 class ExperienceEncoder:
