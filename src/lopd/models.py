@@ -16,6 +16,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -107,7 +108,9 @@ def load_policy(cfg, device: torch.device | str = "cpu"):
                               f"its linear layers: {', '.join(linear)}")
         lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                           target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
-        model = get_peft_model(model, lora)
+        with warnings.catch_warnings():  # peft reads transformers' deprecated property; nothing for a user to do
+            warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+            model = get_peft_model(model, lora)
     return model, tokenizer
 
 
