@@ -9,8 +9,9 @@ and held 13.2 GiB between micro-batches, enough to get a 24 GiB machine's run ki
 and goes back to the OS when freed: peak 13.0 GiB, 4.5 GiB between micro-batches, 3.0 GiB after the phase,
 and no slower (65 and 75 s per micro-batch against 85). Decoding is the opposite case (a KV cache
 re-allocated every token: with the threshold at 1 MiB for the whole process, rollouts took 42% longer), so
-the threshold is pinned only for the update (whose start also trims the heap decoding left); afterwards it is set to glibc's own ceiling (32 MiB, rollouts
-within 6% of the default: 108 and 107 s against 100 and 102 s for 64 x 96 tokens) and the heap is trimmed.
+the threshold is pinned only for the update, whose start also trims the heap decoding left. Afterwards it
+is set to glibc's own ceiling (32 MiB; rollouts within 6% of the default: 108 and 107 s against 100 and
+102 s for 64 x 96 tokens) and the heap is trimmed again.
 
 Off glibc (macOS, musl, Windows) or on a GPU, where activations are not host memory, this does nothing.
 
