@@ -191,3 +191,33 @@ def test_merge_adds_recorded_methods_and_recomputes_the_verdicts():
     md = markdown(Grid(name="g", budget=8, eval_every=8, seeds=[0, 1, 2], methods=[]), merged, [])
     assert "| grpo | 31.0 ± 1.0 |" in md and "| lopd_no_margin (ablation) | 21.0 ± 1.0 (lower) |" in md
     assert "- methods `grpo` taken from the recorded `old/report.json` (its command: `lopd compare ...`, lopd commit abc1234)" in md
+
+
+def test_sigterm_stops_the_runs_and_the_same_command_resumes(grid_file, tmp_path):
+    import signal
+    import time
+
+    grid = load_grid(grid_file)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "lopd.cli", "compare", "--config", str(grid_file)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    first = cells(grid)[0]
+    deadline = time.time() + 300
+    while not any(r.get("kind", "").startswith("train") for r in RunDir(first.path).read_metrics()):  # a step done
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:] if proc.poll() else "slow"
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out[-3000:]
+    assert "interrupted: 2 run(s) stopped" in out
+    started = [c for c in cells(grid) if (c.path / "status.json").exists()]
+    assert len(started) == 2  # two workers: the first two runs, nothing launched after the signal
+    for cell in started:
+        status = json.loads((cell.path / "status.json").read_text())
+        assert status["state"] == "interrupted" and status["detail"] == "SIGTERM", status
+        with pytest.raises(ProcessLookupError):  # no run left behind, orphaned
+            os.kill(status["pid"], 0)
+    done = _compare(grid_file)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert all(is_finished(grid, c) for c in cells(grid))
+    assert "resumed from" in (first.path / "resumes.log").read_text()

@@ -40,6 +40,7 @@ import yaml
 
 from lopd.config import load_config
 from lopd.errors import ConfigError
+from lopd.run_io import terminated_as_interrupt
 from lopd.runs import RunDir
 
 
@@ -166,6 +167,21 @@ def is_finished(grid: Grid, cell: Cell) -> bool:
     return marker.is_file() and marker.read_text().strip() == str(grid.budget)
 
 
+def stop_runs(procs: list[subprocess.Popen], grace_s: float = 300.0) -> None:
+    """SIGTERM each run (it records `interrupted` and exits at once; its last checkpoint stays the resume
+    point), then wait; a run still alive after `grace_s` is killed."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.time() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(deadline - time.time(), 0.1))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def _launch(grid: Grid, cell: Cell) -> subprocess.Popen:
     cfg = run_config(grid, cell)
     cell.path.mkdir(parents=True, exist_ok=True)
@@ -210,20 +226,26 @@ def run_grid(grid: Grid, quiet: bool = False) -> list[Cell]:
         t.caption = f"{len(all_cells) - len(queue) - len(running)} of {len(all_cells)} done"
         return t
 
-    with Live(table(), console=console, refresh_per_second=1, transient=True) as live:
-        while queue or running:
-            while queue and len(running) < grid.workers:
-                cell = queue.pop(0)
-                running[cell.label] = (cell, _launch(grid, cell), time.time())
-            time.sleep(1.0)
-            for label, (cell, proc, start) in list(running.items()):
-                if proc.poll() is not None:
-                    del running[label]
-                    status = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see {cell.path / 'train.log'})"
-                    console.print(f"{label}: {status} in {time.time() - start:.0f}s")
-                    if proc.returncode != 0:
-                        failed.append(cell)
-            live.update(table())
+    try:
+        with terminated_as_interrupt(), Live(table(), console=console, refresh_per_second=1, transient=True) as live:
+            while queue or running:
+                while queue and len(running) < grid.workers:
+                    cell = queue.pop(0)
+                    running[cell.label] = (cell, _launch(grid, cell), time.time())
+                time.sleep(1.0)
+                for label, (cell, proc, start) in list(running.items()):
+                    if proc.poll() is not None:
+                        del running[label]
+                        status = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see {cell.path / 'train.log'})"
+                        console.print(f"{label}: {status} in {time.time() - start:.0f}s")
+                        if proc.returncode != 0:
+                            failed.append(cell)
+                live.update(table())
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every running run stops at its own pace and records it
+        stop_runs([proc for _, proc, _ in running.values()])
+        console.print(f"interrupted: {len(running)} run(s) stopped, each resumes from its last checkpoint; "
+                      "run the same command to continue")
+        raise
     if failed:
         raise RuntimeError(f"{len(failed)} run(s) failed: " + ", ".join(str(c.path / "train.log") for c in failed))
     return all_cells
