@@ -8,8 +8,13 @@ import pytest
 
 from lopd import host_memory
 
-# Fragment the heap the way a backward does: large buffers of one size freed while small tensors made
-# between them stay alive. Prints the resident MiB still held once the large ones are gone.
+# Fragment the heap the way a backward does: large buffers of one size freed while smaller tensors made
+# between them stay alive. Prints the resident MiB still held once the large ones are gone. Every mode
+# starts where a run is between updates (the threshold at glibc's ceiling), not at glibc's start-up
+# threshold: whether that one has risen past 4 MiB yet depends on what importing torch left in the heap,
+# and a 4 MiB buffer mapped on its own would go back to the OS at its free whatever this module does.
+# The tensors kept between the large ones are 256 KiB: small ones could come from holes the imports left
+# (then the large ones would lie together at the heap's top, which glibc trims on its own).
 FRAGMENT = textwrap.dedent("""
     import os, sys, torch
     from lopd import host_memory
@@ -19,15 +24,15 @@ FRAGMENT = textwrap.dedent("""
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
     def churn():
-        torch.ones(1 << 20)  # one 4 MiB buffer freed: glibc's dynamic threshold rises past it
         big, small = [], []
         for _ in range(100):
             big.append(torch.ones(1 << 20))  # 4 MiB each, 400 MiB in all
-            small.append(torch.ones(64))
+            small.append(torch.ones(1 << 16))
         before = rss_mib()
         big.clear()
         return before - rss_mib(), small
 
+    assert host_memory.set_mmap_threshold(host_memory.DECODE_MMAP_THRESHOLD)
     if sys.argv[1] == "returned":
         with host_memory.activations_returned():
             freed, keep = churn()
