@@ -82,6 +82,7 @@ def test_grid_end_to_end_resume_and_report_equals_metrics(grid_file, tmp_path):
     assert opsd["diagnostics"]["context/teacher_gain_success"]["last"] == pytest.approx([sum(g[-EDGE_STEPS:]) / len(g[-EDGE_STEPS:]) for g in gains])
     assert "diagnostics" not in report["methods"]["grpo"] or not report["methods"]["grpo"]["diagnostics"]
     assert "## Training diagnostics" in (root / "report.md").read_text()
+    assert "## Final success on every held-out split (%)" in (root / "report.md").read_text()  # test and transfer
     # the cost table: medians of the logged phase times, the largest peak RSS, the mean mixed-group share
     for method, entry in report["methods"].items():
         rows = RunDir(entry["runs"][0]).read_metrics()
@@ -191,6 +192,7 @@ def test_merge_adds_recorded_methods_and_recomputes_the_verdicts():
     md = markdown(Grid(name="g", budget=8, eval_every=8, seeds=[0, 1, 2], methods=[]), merged, [])
     assert "| grpo | 31.0 ± 1.0 |" in md and "| lopd_no_margin (ablation) | 21.0 ± 1.0 (lower) |" in md
     assert "- methods `grpo` taken from the recorded `old/report.json` (its command: `lopd compare ...`, lopd commit abc1234)" in md
+    assert "held-out split" not in md  # one split: the summary already holds its final success
 
 
 def test_sigterm_stops_the_runs_and_the_same_command_resumes(grid_file, tmp_path):
