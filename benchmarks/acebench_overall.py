@@ -32,7 +32,7 @@ import torch
 from lopd.config import ModelConfig
 from lopd.envs.acebench import AGENT, NORMAL, SPECIAL, ACEBenchConfig, leaderboard_summary
 from lopd.envs.acebench_agent import CATEGORY, MODES, ACEBenchAgent, assistant_replies
-from lopd.evaluation import evaluate
+from lopd.evaluation import evaluate_split
 from lopd.models import load_policy
 
 HERE = Path(__file__).resolve().parent
@@ -80,8 +80,8 @@ def run(model_name: str, baseline: Path, max_turns: int, max_new_tokens: int, ba
     model.eval()
     env = RecordedAgent(ACEBenchConfig(mode="official"), nudge)
     start = time.perf_counter()
-    result = evaluate(model, tokenizer, env, CATEGORY, max_tasks=max_tasks, max_new_tokens=max_new_tokens,
-                      batch_size=batch_size, max_turns=max_turns)
+    result = evaluate_split(model, tokenizer, env, CATEGORY, max_tasks=max_tasks, max_new_tokens=max_new_tokens,
+                            batch_size=batch_size, max_turns=max_turns)
     seconds = time.perf_counter() - start
     rows = [env.reports[t.id] for t in env.tasks(CATEGORY)[: max_tasks or None]]
     n = len(rows)

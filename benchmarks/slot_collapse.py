@@ -18,7 +18,8 @@ import torch
 from lopd.config import load_config
 from lopd.envs.toolworld import ToolWorld, ToolWorldConfig
 from lopd.latent.composer import slot_cosine
-from lopd.loop import build, update
+from lopd.session import build
+from lopd.update import update
 from lopd.rollout import collect
 
 
@@ -32,7 +33,7 @@ def rollouts(session, tasks, rewards):
 
 def alikeness(algorithm, batch, ctx) -> float:
     with torch.no_grad():
-        under = algorithm.tokens_under_slots(batch.tasks, ctx.texts)  # [B, K, H]: zeros where no slot lies
+        under = algorithm.tokens_under_slots(batch.tasks, ctx.privileged)  # [B, K, H]: zeros where no slot lies
         values = algorithm.compose(ctx, under=under if algorithm.composer.token_in is not None else None)
         present = (under.abs().sum(-1) > 0) & ctx.has_context[:, None]  # [B, K]
         return float(slot_cosine(values, present).nanmean())

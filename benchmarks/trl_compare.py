@@ -105,7 +105,8 @@ def run_lopd(a) -> dict:
     import lopd
     from lopd import load_config
     from lopd.config import to_yaml
-    from lopd.loop import build, fit, restore
+    from lopd.loop import fit
+    from lopd.session import build, restore
 
     folder = model_folder(a.model)
     name, method = LOPD_METHOD[a.pair]
@@ -238,7 +239,7 @@ def run_trl(a) -> dict:
 
     from datasets import Dataset
     from lopd.envs.toolworld import ToolWorld
-    from lopd.loop import tasks_for_step
+    from lopd.session import tasks_for_step
     from lopd.models import load_tokenizer
     from lopd.prompts import encode_prompt
 

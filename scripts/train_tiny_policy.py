@@ -85,8 +85,8 @@ def success_rate(model, tokenizer, env: ToolWorld, split: str, n: int, with_cont
                                       if d.id != t.id][:2]) for t in tasks]
     prompts = [encode_prompt(tokenizer, t.messages, c) for t, c in zip(tasks, contexts)]
     out = sample(model, tokenizer, prompts, temperature=0.0, max_new_tokens=72, batch_size=100)
-    scores = [env.score(t, text) for t, text in zip(tasks, out.texts)]
-    for t, text, sc in list(zip(tasks, out.texts, scores))[:show]:
+    scores = [env.score(t, text) for t, text in zip(tasks, out.completions)]
+    for t, text, sc in list(zip(tasks, out.completions, scores))[:show]:
         print(f"  [{split}{'+ctx' if with_context else ''}] {text!r} -> {sc.feedback} (want {env.reference(t)})")
     return sum(sc.success for sc in scores) / len(tasks)
 

@@ -47,12 +47,12 @@ def small_overrides(run_dir, **extra) -> list[str]:
 
 
 def session_for(overrides=(), env=None, run_dir=None):
-    """A wired training session (`lopd.loop.build`) on the tiny policy, seeded; its run directory (where
+    """A wired training session (`lopd.session.build`) on the tiny policy, seeded; its run directory (where
     LOPD's bank and Skill-SD's library live) is `run_dir` or a fresh temporary folder."""
     import tempfile
 
     from lopd.config import load_config
-    from lopd.loop import build
+    from lopd.session import build
 
     items = list(overrides) + [f"run.dir={run_dir if run_dir is not None else tempfile.mkdtemp(prefix='lopd-test-')}"]
     return build(load_config(None, items), env=env)

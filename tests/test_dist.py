@@ -21,10 +21,13 @@ STEPS = {"grpo": 2, "lopd": 3}  # LOPD's first step fills the bank, the next one
 def _overrides(algorithm, run_dir, steps=None, **extra):
     steps = steps or STEPS[algorithm]
     # micro-batches of one rank's share, in both runs: the gradient is then g_rank0 + g_rank1 in both, the same
-    # float additions (AdamW's first step amplifies rounding differences in near-zero gradients otherwise)
+    # float additions (AdamW's first step amplifies rounding differences in near-zero gradients otherwise).
+    # LOPD with dual ascent on: lambda reads the constraint over the whole minibatch, on every rank.
+    # No evaluation: these tests are about the update.
+    lopd = {"algorithm.lopd.dual_lr": 0.5} if algorithm == "lopd" else {}
     return small_overrides(run_dir, **{"algorithm.name": algorithm, "train.max_rollouts": 8 * steps,
                                        "rollout.seed_per_group": "true", "train.threads": 1,
-                                       "train.micro_batch_size": 4, **extra})
+                                       "train.micro_batch_size": 4, "env.eval_splits": "[]", **lopd, **extra})
 
 
 def _free_port() -> int:
@@ -79,6 +82,8 @@ def assert_equivalent(a: dict, b: dict) -> None:
                 assert ra[k] == rb[k], k
     for k, v in a["algorithm"].get("composer", {}).items():
         torch.testing.assert_close(v, b["algorithm"]["composer"][k], atol=1e-6, rtol=0)
+    if "lambda" in a["algorithm"]:
+        assert abs(a["algorithm"]["lambda"] - b["algorithm"]["lambda"]) < 1e-7
 
 
 @pytest.mark.parametrize("algorithm", [pytest.param("grpo", marks=pytest.mark.slow), "lopd"])  # LOPD's path holds GRPO's
@@ -90,6 +95,7 @@ def test_two_ranks_equal_one_process(tmp_path, algorithm):
     assert one["rows"][-1]["rollouts"] == 8 * STEPS[algorithm]  # the budget counts every rank's rollouts
     if algorithm == "lopd":
         assert one["bank"] and any(r["context/retrieved_per_task"] > 0 for r in one["rows"] if "context/retrieved_per_task" in r)
+        assert one["algorithm"]["lambda"] != 1.0  # dual ascent moved it, the same on one and two ranks
     assert not (tmp_path / "two" / "lock").read_text() == ""  # rank 0 held the run
 
 

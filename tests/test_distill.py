@@ -8,7 +8,8 @@ from lopd.algorithms import build_algorithm
 from lopd.config import load_config
 from lopd.envs.base import Task
 from lopd.rollout import RolloutBatch
-from lopd.tokens import TokenStats, token_divergence
+from lopd.losses import token_divergence
+from lopd.tokens import TokenStats
 
 V, H = 30, 6
 
@@ -31,7 +32,7 @@ def _hand_batch(toolworld):
     feedback = ["Parameter 'date' has the wrong value.", "Correct call.", "Missing parameter 'city'.", "f3", "f4", "f5"]
     z = torch.zeros(6, 1, dtype=torch.long)
     return RolloutBatch(prompt_ids=z, prompt_mask=z, completion_ids=z, completion_mask=z, sampler_logprobs=z.float(),
-                        texts=texts, truncated=torch.zeros(6, dtype=torch.bool), tasks=tasks,
+                        completions=texts, truncated=torch.zeros(6, dtype=torch.bool), tasks=tasks,
                         group=torch.tensor([0, 0, 0, 1, 1, 1]), rewards=torch.tensor([0, 1, 0, 0, 0, 0.0]),
                         success=torch.tensor([0, 1, 0, 0, 0, 0], dtype=torch.bool), feedback=feedback)
 
@@ -47,20 +48,20 @@ def test_opsd_context_is_the_reference_answer(toolworld, tiny):
     algo = _algorithm("opsd", tiny, toolworld)
     batch = _hand_batch(toolworld)
     ctx = algo.build_context(batch, 1)
-    assert ctx.texts == [f"Reference answer: {toolworld.reference(t)}" for t in batch.tasks]
+    assert ctx.privileged == [f"Reference answer: {toolworld.reference(t)}" for t in batch.tasks]
 
 
 def test_sdpo_context_feedback_sibling_and_mask(toolworld, tiny):
     algo = _algorithm("sdpo", tiny, toolworld)
     batch = _hand_batch(toolworld)
-    texts = algo.build_context(batch, 1).texts
-    success_call = batch.texts[1]
+    texts = algo.build_context(batch, 1).privileged
+    success_call = batch.completions[1]
     assert "Parameter 'date' has the wrong value." in texts[0] and success_call in texts[0] and "bad0" in texts[0]
     assert "Missing parameter 'city'." in texts[2] and success_call in texts[2]
     assert texts[1] is None  # the lone success is not reprompted with itself by default
     assert texts[3:] == [None, None, None]  # a group without success: masked out of distillation
     algo = _algorithm("sdpo", tiny, toolworld, ["algorithm.sdpo.reprompt_lone_success=true"])
-    texts = algo.build_context(batch, 1).texts
+    texts = algo.build_context(batch, 1).privileged
     assert texts[1] is not None and success_call in texts[1]
 
 
@@ -70,11 +71,11 @@ def test_skill_sd_learns_skills_from_successes_and_retrieves_them(toolworld, tin
     algo = _algorithm("skill_sd", tiny, toolworld, run=RunDir(tmp_path))
     batch = _hand_batch(toolworld)
     ctx = algo.build_context(batch, 1)
-    assert ctx.texts == [None] * 6  # an empty library gives no context
+    assert ctx.privileged == [None] * 6  # an empty library gives no context
     metrics = algo.remember(batch, 1)
     assert metrics["context/skills"] == 1  # one success -> one skill; failures teach nothing
-    texts = algo.build_context(batch, 2).texts
-    assert all(t is not None and batch.texts[1] in t for t in texts[:3])
+    texts = algo.build_context(batch, 2).privileged
+    assert all(t is not None and batch.completions[1] in t for t in texts[:3])
     algo.remember(batch, 2)
     assert algo.library.size == 1  # deduplicated
     # the library persists in the run directory and a resume forgets skills from redone steps
@@ -89,9 +90,11 @@ def test_self_distillation_masks_trajectories_without_context(toolworld, tiny):
     s, t = _pair(B=6, T=3)
     batch = _hand_batch(toolworld)
     ctx = algo.build_context(batch, 1)
-    loss, metrics = algo.distill_loss(batch, ctx, s, t)
+    from lopd.update import whole_batch
+
+    loss, metrics = whole_batch(algo.distill_terms(batch, ctx, s, t))
     per = token_divergence(s, t, "full")
-    keep = torch.tensor([c is not None for c in ctx.texts], dtype=torch.float64)[:, None]
+    keep = torch.tensor([c is not None for c in ctx.privileged], dtype=torch.float64)[:, None]
     assert loss.item() == pytest.approx(((per * keep).sum() / (keep.sum() * 3)).item())
     assert metrics["context/coverage"] == pytest.approx(2 / 6)
 
@@ -107,7 +110,7 @@ def test_the_hybrid_policy_gradient_reaches_the_student(toolworld):
     log-prob cached for a metric once hid the policy gradient from the student)."""
     from conftest import rollouts, session_for
     from lopd.models import trainable_parameters
-    from lopd.loop import update
+    from lopd.update import update
 
     common = ["rollout.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=32"]
     grpo = session_for(["algorithm.name=grpo", *common], env=toolworld)

@@ -59,11 +59,11 @@ def _shapes(rank: int, world: int, port: int, overrides: list[str], out: str) ->
 
     from lopd import dist
     from lopd.config import load_config
-    from lopd.loop import build
+    from lopd.session import build
 
     session = build(load_config(None, overrides))
     try:
-        from lopd.teacher import copies_of
+        from lopd.models import copies_of
 
         shapes = {}
         for name, module in [("policy", session.model), *[(f"copy{i}", m) for i, m in enumerate(copies_of(session.model))]]:
@@ -136,7 +136,7 @@ def test_what_fsdp_does_not_cover_is_refused(tmp_path):
     from lopd.config import load_config
     from lopd.envs import build_env
     from lopd.errors import ConfigError
-    from lopd.loop import check_shardable
+    from lopd.session import check_shardable
 
     cfg = load_config(None, small_overrides(tmp_path, **{"model.lora.enabled": "true", "train.fsdp": "true"}))
     with pytest.raises(ConfigError, match="train.fsdp: shards full fine-tunes"):

@@ -7,7 +7,7 @@ import torch
 
 from conftest import rollouts, session_for
 from lopd.models import trainable_parameters
-from lopd.loop import update
+from lopd.update import update
 
 
 def _session(toolworld, overrides, lora: bool):
@@ -26,7 +26,7 @@ def _update(s, batch):
 @pytest.mark.parametrize("lora", [False, True])
 def test_grpo_step_changes_trained_parameters_and_nothing_else(toolworld, lora):
     s = _session(toolworld, ["algorithm.pg.kl_coef=0.1"], lora)
-    model, frozen = s.model, s.algorithm.reference
+    model, frozen = s.model, s.algorithm.initial_policy
     trained = {n for n, p in model.named_parameters() if p.requires_grad}
     if lora:
         assert trained and all("lora_" in n for n in trained)

@@ -13,7 +13,8 @@ from lopd.cli import config_path
 from lopd.config import load_config
 from lopd.runs import RunDir
 from lopd.tokens import TokenStats
-from lopd.loop import train, update
+from lopd.loop import train
+from lopd.update import update, whole_batch
 
 BASE = ["rollout.tasks_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=40"]
 
@@ -54,13 +55,14 @@ def test_latent_teacher_at_gate_zero_equals_the_text_teacher(toolworld, lora, tm
         s.algorithm.remember(first, 1)
     batch = _mixed(latent, tasks)
     ctx, ctx_text = latent.algorithm.build_context(batch, 2), text.algorithm.build_context(batch, 2)
-    assert ctx.retrieved == ctx_text.retrieved and all(ctx.retrieved) and ctx.texts == ctx_text.texts
+    assert ctx.retrieved == ctx_text.retrieved and all(ctx.retrieved) and ctx.privileged == ctx_text.privileged
     for s in (latent, text):  # float64, so the comparison tests the construction, not float32 rounding
         s.model.double()
         s.algorithm.teacher.model.double()
     latent.algorithm.composer.double()
     with torch.no_grad():
-        got, slots = latent.algorithm.latent_teacher(batch, ctx)
+        got, slot_terms = latent.algorithm.latent_teacher(batch, ctx)
+        slots = whole_batch(slot_terms)[1]
         want = text.algorithm.teacher_stats(batch, ctx_text)
         assert slots["context/context_tokens"] > 20 and slots["context/context_truncated"] == 0  # K covers them
         torch.testing.assert_close(got.logprobs(), want.logprobs(), atol=1e-10, rtol=0)  # the issue asks 1e-5
@@ -79,7 +81,7 @@ def test_latent_teacher_at_gate_zero_equals_the_text_teacher(toolworld, lora, tm
 
 def test_gradients_reach_the_composer_and_never_the_frozen_teacher(toolworld):
     s = _session(toolworld, ["algorithm.lopd.gate_init=0.5", "algorithm.lopd.latent_tokens=256"])
-    reference, composer = s.algorithm.reference, s.algorithm.composer
+    reference, composer = s.algorithm.initial_policy, s.algorithm.composer
     frozen_before = {k: v.clone() for k, v in reference.model.state_dict().items()}
     composer_before = {k: v.clone() for k, v in composer.state_dict().items()}
     student_before = [p.detach().clone() for p in s.model.parameters()]
@@ -137,10 +139,11 @@ def test_composer_objectives_on_hand_computed_values(toolworld, objective):
     has = torch.tensor([True, True, True, False])  # the last row got no context: left out
     z = torch.zeros(4, 1, dtype=torch.long)
     batch = RolloutBatch(prompt_ids=z, prompt_mask=z, completion_ids=z, completion_mask=z, sampler_logprobs=z.double(),
-                         texts=[""] * 4, truncated=torch.zeros(4, dtype=torch.bool), tasks=[None] * 4,
+                         completions=[""] * 4, truncated=torch.zeros(4, dtype=torch.bool), tasks=[None] * 4,
                          group=torch.arange(4), rewards=adv, success=adv > 0, feedback=[""] * 4)
     ctx = RetrievalContext(step=1, advantages=adv, has_context=has)
-    loss, metrics = s.algorithm.composer_loss(batch, ctx, student, teacher, reference)
+    terms = s.algorithm.composer_terms(batch, ctx, student, teacher, reference)
+    loss, metrics = whole_batch(terms)
     delta = [_logp(x) - _logp(0.0) for x in (-1.0, 0.5, 2.0)]  # Delta per row (one token each)
     a_delta = [a * d for a, d in zip((1.0, -1.0, 1.0), delta)]
     hinge = sum(max(0.0, 0.1 - v) for v in a_delta) / 3
@@ -232,16 +235,16 @@ def test_token_queries_read_the_context_tokens_under_the_slots(toolworld):
 
     Composer.forward = spy
     try:
-        _, slots = s.algorithm.latent_teacher(batch, ctx)
+        slots = whole_batch(s.algorithm.latent_teacher(batch, ctx)[1])[1]
     finally:
         Composer.forward = original
     table = s.model.get_input_embeddings().weight.detach()  # [V, H]
     under = seen[0]  # [B, K, H]
-    for b, text in enumerate(ctx.texts):
+    for b, text in enumerate(ctx.privileged):
         present = under[b].abs().sum(-1) > 0  # [K]
         ids = [int(torch.nonzero((table == row).all(-1))[0]) for row in under[b][present]]
         assert text in s.tokenizer.decode(ids)  # the span may straddle the context's first/last characters
-    assert any(ctx.texts)
+    assert any(ctx.privileged)
     assert slots["context/context_tokens"] == pytest.approx(
         float((under.abs().sum(-1) > 0).sum(-1)[ctx.has_context].float().mean()))
     before = [p.detach().clone() for p in s.algorithm.composer.token_in.parameters()]

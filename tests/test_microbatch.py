@@ -102,7 +102,7 @@ def test_kept_bytes_equal_the_autograd_graph_walked_are_cached_and_draw_no_rando
 
 def test_a_tight_token_budget_gives_the_same_update(toolworld):
     from conftest import rollouts, session_for
-    from lopd.loop import update
+    from lopd.update import update
     from lopd.models import trainable_parameters
 
     results = []

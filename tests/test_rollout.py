@@ -21,7 +21,7 @@ def test_left_padding_does_not_change_greedy_output(tiny, prompts):
     batched = sample(model, tok, prompts, temperature=0, max_new_tokens=40)
     for i, p in enumerate(prompts):
         alone = sample(model, tok, [p], temperature=0, max_new_tokens=40)
-        assert alone.texts[0] == batched.texts[i]
+        assert alone.completions[0] == batched.completions[i]
         n = int(alone.completion_mask.sum())
         torch.testing.assert_close(alone.sampler_logprobs[0, :n], batched.sampler_logprobs[i, :n], atol=2e-4, rtol=0)
 
@@ -91,7 +91,7 @@ def test_long_prompts_decode_in_smaller_batches_with_the_same_result(tiny, promp
     model, tok = tiny
     bounded = sample(model, tok, prompts, temperature=0, max_new_tokens=16, max_attention_elements=1)  # one per batch
     alone = [sample(model, tok, [p], temperature=0, max_new_tokens=16) for p in prompts]
-    assert bounded.texts == [a.texts[0] for a in alone]
+    assert bounded.completions == [a.completions[0] for a in alone]
     for i, a in enumerate(alone):
         n = int(a.completion_mask.sum())
         assert torch.equal(bounded.sampler_logprobs[i, :n], a.sampler_logprobs[0, :n])

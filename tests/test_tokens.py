@@ -9,7 +9,8 @@ import torch
 
 from lopd.rollout import left_pad, sample
 from lopd.prompts import encode_prompt
-from lopd.tokens import Latents, TokenStats, _divergence_chunk, full_reverse_kl, score_completions, token_divergence
+from lopd.losses import divergence_chunk, full_reverse_kl, token_divergence
+from lopd.tokens import Latents, TokenStats, score_completions
 
 V, H = 30, 6
 
@@ -151,7 +152,7 @@ def test_both_gradient_paths_match_autograd_over_materialised_logits(heads, quan
     if quantity == "logprobs":  # the reference: plain autograd over the whole [B, T, V] at once
         ref = s._chunk_logprobs(s.hidden, s.targets) + t._chunk_logprobs(t.hidden, t.targets)
     else:
-        ref = _divergence_chunk(s.head, t.head, 1.0, 1.0, quantity, 4, 0.3, torch.float32, s.hidden, t.hidden)
+        ref = divergence_chunk(s.head, t.head, 1.0, 1.0, quantity, 4, 0.3, torch.float32, s.hidden, t.hidden)
     torch.testing.assert_close(got, ref, atol=1e-12, rtol=0)
     inputs = [s.hidden, t.hidden] + ([s.head.weight, t.head.weight] if heads == "trained" else [])
     for a, b in zip(torch.autograd.grad((w * got).sum(), inputs), torch.autograd.grad((w * ref).sum(), inputs)):

@@ -9,7 +9,7 @@ import torch
 
 from conftest import rollouts, session_for
 from lopd.algorithms.lopd import RetrievalContext
-from lopd.loop import update
+from lopd.update import update
 from lopd.tokens import score_completions
 
 # in make test: the methods whose context covers only some rows; the rest run under -m slow
@@ -36,7 +36,7 @@ def _batch_and_context(s, toolworld, rewards=REWARDS, blank=WITHOUT_CONTEXT):
     if ctx.has_context is not None:
         for i in blank:
             ctx.has_context[i] = False
-            ctx.texts[i] = None
+            ctx.privileged[i] = None
             if isinstance(ctx, RetrievalContext) and ctx.retrieved is not None:
                 ctx.retrieved[i], ctx.similarity[i] = [], []
     return batch, ctx
@@ -63,14 +63,14 @@ def _updated(toolworld, name, overrides=(), **context) -> tuple[list[torch.Tenso
         return score_completions(model, prompt_ids, *args, **kwargs)
 
     torch.manual_seed(5)
-    with mock.patch("lopd.loop.score_completions", counted):
+    with mock.patch("lopd.update.score_completions", counted):
         metrics = update(s.model, s.algorithm, s.optimizer, s.scheduler, batch, ctx, s.cfg)
     return _trained(s), metrics, sum(rows)
 
 
 @pytest.mark.parametrize("name", ALGORITHMS[1:])  # GRPO's: tests/test_grpo.py
 def test_micro_batches_of_any_size_give_the_same_update(toolworld, name):
-    """Each loss term is divided by its count over the whole minibatch (`Algorithm.loss_totals`), so the
+    """Each loss term is divided by its count over the whole minibatch (`Algorithm.units`), so the
     micro-batches add up to the one-batch loss even where the distillation covers only some rows (the
     earlier per-micro-batch mean weighted those rows by how they happened to be split: 1.5e-3 apart here)."""
     pg = ["algorithm.distill.pg_weight=1.0"] if name != "grpo" else []
@@ -133,3 +133,23 @@ def test_a_batch_with_nothing_to_learn_steps_adamw_exactly_as_before(toolworld, 
         results.append(after)
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+def test_dual_ascent_reads_the_whole_minibatch_so_lambda_does_not_depend_on_the_split(toolworld):
+    """LOPD's lambda moves by dual_lr x the constraint's mean over the minibatch's constrained trajectories
+    (A != 0, with a context). Before, it read a per-micro-batch mean averaged by token weight, so micro-batches
+    with no constrained row pulled it toward 0: lambda depended on the split. Here only some rows have a
+    context and only two groups are mixed; micro-batches of 1 row and of the whole batch give the same lambda.
+    (The 2-rank LOPD equivalence of tests/test_dist.py checks 1 vs 2 ranks with dual ascent on.)"""
+    extra = ["algorithm.lopd.dual_lr=0.5", "algorithm.lopd.gate_init=0.5", "algorithm.lopd.latent_tokens=256"]
+    lams, constraints = [], []
+    for size in (1, 64):
+        s = _session(toolworld, "lopd", [*extra, f"train.micro_batch_size={size}"])
+        batch, ctx = _batch_and_context(s, toolworld)
+        _sgd(s)
+        metrics = update(s.model, s.algorithm, s.optimizer, s.scheduler, batch, ctx, s.cfg)
+        lams.append(s.algorithm.lam)
+        constraints.append(metrics["context/constraint"])
+    assert constraints[0] != 0 and abs(lams[0] - 1.0) > 1e-3  # it moved
+    assert abs(lams[0] - lams[1]) < 1e-7 and abs(constraints[0] - constraints[1]) < 1e-7
+    assert lams[0] == pytest.approx(1.0 + 0.5 * constraints[0], abs=1e-12)

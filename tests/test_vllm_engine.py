@@ -101,7 +101,7 @@ def test_canned_completions_become_samples_with_rollout_masks():
         [[-0.5, -1.5, -0.25, 0.0], [-1.0, -2.0, -3.0, -4.0], [-0.125, 0.0, 0.0, 0.0], [-0.75, -0.5, 0.0, 0.0]]))
     # truncated = stopped by max_new_tokens (finish_reason length); a server-side stop token (7) ends the row
     assert s.truncated.tolist() == [False, True, False, False]
-    assert s.texts == ["t11 t12", "t13 t14 t15 t16", "", "t17 t7"]
+    assert s.completions == ["t11 t12", "t13 t14 t15 t16", "", "t17 t7"]
     assert s.num_tokens == 10
 
 

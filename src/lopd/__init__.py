@@ -34,7 +34,7 @@ def __getattr__(name: str):  # lazy: `import lopd` stays cheap, and the CLI impo
 
         return train
     if name == "evaluate":
-        from lopd.evaluation import evaluate_model
+        from lopd.evaluation import evaluate
 
-        return evaluate_model
+        return evaluate
     raise AttributeError(f"module 'lopd' has no attribute {name!r}")

@@ -44,7 +44,7 @@ def resolve_train_config(config: str | None, positional: list[str]) -> Config:
             raise ConfigError("give either a run directory to resume or --config to start, not both")
         return load_config(run.config_path, overrides + [f"run.dir={run_dir}"])
     cfg = load_config(config_path(config), overrides)
-    from lopd.loop import run_dir_for
+    from lopd.session import run_dir_for
 
     run = RunDir(run_dir_for(cfg))
     if run.exists():  # the run exists: resume it under its own saved config, new overrides on top
@@ -62,7 +62,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from lopd.evaluation import EvalResult, category_table, evaluate_model
+    from lopd.evaluation import EvalResult, category_table, evaluate
 
     args.overrides += [s for s in args.split or [] if "=" in s]  # argparse's nargs="+" swallows them
     args.split = [s for s in args.split or [] if "=" not in s]
@@ -76,14 +76,11 @@ def cmd_eval(args) -> int:
         elif not args.split and name != "toolworld":
             args.split = ["test"]
     if args.run:
-        from lopd.runs import RunDir
+        from lopd.session import open_run
 
         source, overrides = args.run, args.overrides
-        run = RunDir(args.run)
-        if not run.exists():
-            raise ConfigError(f"{args.run}: not a run directory (no config.yaml)")
-        cfg = load_config(run.config_path, overrides)
-        checkpoint = str(ckpt) if (ckpt := run.latest_checkpoint()) is not None else "initial weights"
+        opened = open_run(args.run, overrides)
+        cfg, checkpoint = opened.cfg, opened.weights
     else:
         source = load_config(config_path(args.config), args.overrides + ([f"model.name={args.model}"] if args.model else []))
         overrides, cfg, checkpoint = [], source, "initial weights"
@@ -120,7 +117,7 @@ def cmd_eval(args) -> int:
             tmp.replace(args.json)
 
     todo = [s for s in wanted if s not in done]
-    new = evaluate_model(source, splits=todo, overrides=overrides, on_result=save) if todo else []
+    new = evaluate(source, splits=todo, overrides=overrides, on_result=save) if todo else []
     by_split = {**{s: EvalResult.from_summary(s, d) for s, d in done.items()}, **{r.split: r for r in new}}
     results = [by_split[s] for s in wanted]
     print(f"model: {cfg.model.name} ({checkpoint}); env: {cfg.env.name}; decoding: "
@@ -161,13 +158,15 @@ def cmd_bank(args) -> int:
     from lopd.latent.embedder import build_embedder
     from lopd.latent.experience_bank import ExperienceBank
 
-    run_dir = Path(args.run_dir)
-    folder = next((run_dir / f for f in ("bank", "skills") if (run_dir / f / "entries.jsonl").is_file()), None)
+    from lopd.runs import RunDir
+
+    run = RunDir(args.run_dir)
+    folder = next((f for f in (run.bank_dir, run.skills_dir) if (f / "entries.jsonl").is_file()), None)
     if folder is None:
-        raise ConfigError(f"{run_dir}: no experience bank (bank/ or skills/ with entries.jsonl)")
+        raise ConfigError(f"{run.path}: no experience bank (bank/ or skills/ with entries.jsonl)")
     keys = np.fromfile(folder / "keys.f32", dtype=np.float32)
-    cfg = load_config(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else load_config(None)
-    minilm = EmbedderKind(cfg.algorithm.retrieval.embedder) is EmbedderKind.minilm
+    cfg = load_config(run.config_path) if run.exists() else load_config(None)
+    minilm = cfg.algorithm.retrieval.embedder is EmbedderKind.minilm
     dim = 384 if minilm else None
     if dim is None:  # backbone keys: the width is whatever was written
         dim = len(keys) // max(sum(1 for _ in (folder / "entries.jsonl").open()), 1)

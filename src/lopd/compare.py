@@ -163,7 +163,7 @@ def run_config(grid: Grid, cell: Cell):
 
 def is_finished(grid: Grid, cell: Cell) -> bool:
     """Finished under this grid's budget: `train` writes `finished` (the budget it completed) last."""
-    marker = cell.path / "finished"
+    marker = RunDir(cell.path).finished_path
     return marker.is_file() and marker.read_text().strip() == str(grid.budget)
 
 
@@ -185,15 +185,15 @@ def stop_runs(procs: list[subprocess.Popen], grace_s: float = 300.0) -> None:
 def _launch(grid: Grid, cell: Cell) -> subprocess.Popen:
     cfg = run_config(grid, cell)
     cell.path.mkdir(parents=True, exist_ok=True)
-    resolved = cell.path / "grid_config.yaml"
+    run = RunDir(cell.path)
     from lopd.config import to_yaml
 
-    resolved.write_text(to_yaml(cfg))
+    run.grid_config_path.write_text(to_yaml(cfg))
     env = {**os.environ, "OMP_NUM_THREADS": str(grid.threads_per_worker), "TOKENIZERS_PARALLELISM": "false"}
-    log = open(cell.path / "train.log", "a")
+    log = open(run.train_log, "a")
     args = [sys.executable, "-m", "lopd.cli", "train"]
     # an existing run resumes under its own config, to this grid's budget: a larger one extends a finished run
-    args += [str(cell.path), f"train.max_rollouts={grid.budget}"] if RunDir(cell.path).exists() else ["--config", str(resolved)]
+    args += [str(cell.path), f"train.max_rollouts={grid.budget}"] if run.exists() else ["--config", str(run.grid_config_path)]
     return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
@@ -236,7 +236,7 @@ def run_grid(grid: Grid, quiet: bool = False) -> list[Cell]:
                 for label, (cell, proc, start) in list(running.items()):
                     if proc.poll() is not None:
                         del running[label]
-                        status = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see {cell.path / 'train.log'})"
+                        status = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see {RunDir(cell.path).train_log})"
                         console.print(f"{label}: {status} in {time.time() - start:.0f}s")
                         if proc.returncode != 0:
                             failed.append(cell)
@@ -247,5 +247,5 @@ def run_grid(grid: Grid, quiet: bool = False) -> list[Cell]:
                       "run the same command to continue")
         raise
     if failed:
-        raise RuntimeError(f"{len(failed)} run(s) failed: " + ", ".join(str(c.path / "train.log") for c in failed))
+        raise RuntimeError(f"{len(failed)} run(s) failed: " + ", ".join(str(RunDir(c.path).train_log) for c in failed))
     return all_cells

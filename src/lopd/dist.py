@@ -88,6 +88,14 @@ def all_sum(world: World, values: dict[str, float]) -> dict[str, float]:
     return dict(zip(keys, t.tolist()))
 
 
+def sum_union(world: World, values: dict[str, float]) -> dict[str, float]:
+    """Per-key sums over ranks of the union of their keys (a key a rank lacks counts 0 there)."""
+    if not world.distributed:
+        return values
+    keys = sorted({k for d in gather(world, sorted(values)) for k in d})
+    return all_sum(world, {k: values.get(k, 0.0) for k in keys})
+
+
 def all_mean(world: World, values: dict[str, float]) -> dict[str, float]:
     """Per-key means over ranks (the union of keys; a missing key counts as absent, not 0)."""
     if not world.distributed:

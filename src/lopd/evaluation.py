@@ -1,8 +1,8 @@
 """Held-out evaluation: the student alone (no retrieval, no context) on an env's split.
 
-    evaluate(model, tokenizer, env, split)          one split of one env, for a loaded model
-    evaluate_model(run_dir_or_cfg, splits=[...])    the public `lopd.evaluate`: a run's latest checkpoint
+    evaluate(run_dir_or_cfg, splits=[...])          the public `lopd.evaluate`: a run's latest checkpoint
                                                     (or a config's model) on its env's splits
+    evaluate_split(model, tokenizer, env, split)    one split of one env, for a loaded model (the loop's)
 
 Greedy decoding by default, so an evaluation is a deterministic function of the weights; with a
 temperature > 0 it samples under its own seeded RNG and never disturbs the training RNG stream.
@@ -30,8 +30,8 @@ class EvalResult:
     samples: list[dict] = field(default_factory=list)  # evaluated tasks with their completion and verdict
     modes: dict[str, float] = field(default_factory=dict)  # scoring mode -> success (envs with official/strict)
     per_category_modes: dict[str, dict[str, float]] = field(default_factory=dict)  # mode -> category -> success
-    checkpoint: str = ""  # which weights (set by evaluate_model)
-    config: object = field(default=None, repr=False)  # the Config evaluated under (set by evaluate_model)
+    checkpoint: str = ""  # which weights (set by `evaluate`)
+    config: object = field(default=None, repr=False)  # the Config evaluated under (set by `evaluate`)
 
     def summary(self) -> dict:
         """The JSON-able figures (`lopd eval --json`), without samples, checkpoint and config."""
@@ -50,9 +50,9 @@ class EvalResult:
         return out
 
 
-def evaluate(model, tokenizer, env: Env, split: str, *, max_tasks: int = 0, temperature: float = 0.0,
-             max_new_tokens: int = 64, batch_size: int = 128, seed: int = 0, keep_samples: int = 0,
-             max_turns: int = 4) -> EvalResult:
+def evaluate_split(model, tokenizer, env: Env, split: str, *, max_tasks: int = 0, temperature: float = 0.0,
+                   max_new_tokens: int = 64, batch_size: int = 128, seed: int = 0, keep_samples: int = 0,
+                   max_turns: int = 4) -> EvalResult:
     """The student alone on `split` (its first `max_tasks` tasks; 0 = all). `keep_samples`: how many
     evaluated tasks keep their completion and verdict in `samples` (0 = all)."""
     tasks = list(env.tasks(split))
@@ -70,14 +70,14 @@ def evaluate(model, tokenizer, env: Env, split: str, *, max_tasks: int = 0, temp
     modes: dict[str, float] = {}
     per_mode: dict[str, dict[str, float]] = {}
     if hasattr(env, "score_modes") and not hasattr(env, "step"):  # official and strict verdicts, side by side
-        verdicts = [env.score_modes(t, text) for t, text in zip(tasks, out.texts)]
+        verdicts = [env.score_modes(t, text) for t, text in zip(tasks, out.completions)]
         for mode in verdicts[0] if verdicts else []:
             modes[mode] = sum(v[mode].success for v in verdicts) / max(n, 1)
             by_cat: dict[str, list[bool]] = defaultdict(list)
             for t, v in zip(tasks, verdicts):
                 by_cat[t.category].append(v[mode].success)
             per_mode[mode] = {c: sum(x) / len(x) for c, x in by_cat.items()}
-    kept = list(zip(tasks, out.texts, success, out.feedback))[: keep_samples or None]
+    kept = list(zip(tasks, out.completions, success, out.feedback))[: keep_samples or None]
     return EvalResult(
         split=split, n=n, success=sum(success) / max(n, 1), reward=sum(out.rewards.tolist()) / max(n, 1),
         per_category={c: (len(v), sum(v) / len(v)) for c, v in sorted(groups.items())},
@@ -86,49 +86,43 @@ def evaluate(model, tokenizer, env: Env, split: str, *, max_tasks: int = 0, temp
                  for t, text, ok, fb in kept])
 
 
-def evaluate_model(source, *, env: Env | None = None, splits: Sequence[str] | None = None,
-                   overrides: Sequence[str] = (), on_result=None) -> list[EvalResult]:
+def evaluate(source, *, env: Env | None = None, splits: Sequence[str] | None = None,
+             overrides: Sequence[str] = (), on_result=None) -> list[EvalResult]:
     """Evaluate a run directory's latest checkpoint (or, given a config, its model's initial weights) on
     `splits` (default: the config's `env.eval_splits`) of `env` (default: the config's env). Returns one
     `EvalResult` per split; `EvalResult.checkpoint` says which weights were evaluated. `on_result` is
     called with each split's result as soon as it is done (the CLI saves it, so a killed run resumes)."""
-    from lopd.config import Config, load_config, with_overrides
+    from lopd.config import Config, with_overrides
     from lopd.envs import build_env
-    from lopd.errors import ConfigError
-    from lopd.loop import env_tasks, pick_device, record_env
-    from lopd.models import load_policy, load_weights
-    from lopd.runs import RunDir
+    from lopd.session import OpenRun, env_tasks, given_env, open_run
 
-    run = None
-    if isinstance(source, Config):
-        cfg = with_overrides(source, list(overrides))
-    else:
-        run = RunDir(source)
-        if not run.exists():
-            raise ConfigError(f"{source}: not a run directory (no config.yaml)")
-        cfg = load_config(run.config_path, list(overrides))
-    if env is not None:
-        record_env(cfg, env)
-    else:
-        env = build_env(cfg.env)
+    opened = OpenRun(None, with_overrides(source, list(overrides)), None) if isinstance(source, Config) \
+        else open_run(source, overrides)
+    cfg = opened.cfg
+    env = given_env(cfg, env) if env is not None else build_env(cfg.env)
     splits = list(splits or cfg.env.eval_splits)
     for split in splits:
         env_tasks(env, split, "splits")
-    model, tokenizer = load_policy(cfg.model, pick_device(cfg.train.device))
-    checkpoint = "initial weights"
-    if run is not None and (ckpt := run.latest_checkpoint()) is not None:
-        load_weights(model, ckpt / "model")
-        checkpoint = str(ckpt)
+    model, tokenizer = opened.load_model()
     results = []
     for s in splits:
-        r = evaluate(model, tokenizer, env, s, max_tasks=cfg.eval.max_tasks, temperature=cfg.eval.temperature,
-                     max_new_tokens=cfg.rollout.max_new_tokens, batch_size=cfg.eval.batch_size, seed=cfg.train.seed,
-                     max_turns=cfg.rollout.max_turns)
-        r.checkpoint, r.config = checkpoint, cfg
+        r = evaluate_split(model, tokenizer, env, s, max_tasks=cfg.eval.max_tasks, temperature=cfg.eval.temperature,
+                           max_new_tokens=cfg.rollout.max_new_tokens, batch_size=cfg.eval.batch_size,
+                           seed=cfg.train.seed, max_turns=cfg.rollout.max_turns)
+        r.checkpoint, r.config = opened.weights, cfg
         results.append(r)
         if on_result is not None:
             on_result(r)
     return results
+
+
+def evaluate_model(*args, **kwargs) -> list[EvalResult]:
+    """Deprecated name of `evaluate` (lopd.evaluate), kept for code written against it."""
+    import warnings
+
+    warnings.warn("lopd.evaluation.evaluate_model is now lopd.evaluation.evaluate (lopd.evaluate)", DeprecationWarning,
+                  stacklevel=2)
+    return evaluate(*args, **kwargs)
 
 
 def category_table(results: list[EvalResult]) -> str:

@@ -55,9 +55,7 @@ def shard(model: nn.Module, device: torch.device) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
-    from lopd.tokens import decoder_and_head
-
-    decoder, _ = decoder_and_head(model)
+    decoder = model.get_decoder()  # (full fine-tunes only: no peft wrapper in between)
     layers = getattr(decoder, "layers", None)
     if layers is None:
         raise ValueError(f"{type(decoder).__name__} has no `layers` to shard")

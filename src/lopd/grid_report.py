@@ -400,7 +400,7 @@ def provenance(grid: Grid, cells: list[Cell], command: str) -> dict:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     hashes = {}
     for c in cells:
-        cfg = c.path / "config.yaml"
+        cfg = RunDir(c.path).config_path
         hashes[str(c.path)] = hashlib.sha256(cfg.read_bytes()).hexdigest()[:16] if cfg.is_file() else "missing"
     return {"command": command or " ".join(sys.argv), "grid_file": grid.source, "commit": commit,
             "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, {gpu}, Python {platform.python_version()}",

@@ -23,36 +23,30 @@ from lopd.errors import ConfigError
 def inspect_run(run_dir: str | Path, *, tasks: int = 3, split: str | None = None, slots: int = 48) -> tuple[Path, Path]:
     from lopd.algorithms import build_algorithm
     from lopd.algorithms.lopd import LOPD, RetrievalContext, experiences_as_text
-    from lopd.config import load_config
     from lopd.envs import build_env
     from lopd.latent.experience_bank import ExperienceBank
-    from lopd.models import load_policy, load_weights
     from lopd.prompts import context_span, task_text
-    from lopd.runs import RunDir
+    from lopd.session import open_run
 
-    run = RunDir(run_dir)
-    if not run.exists():
-        raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
-    cfg = load_config(run.config_path)
-    checkpoint = run.latest_checkpoint()
+    opened = open_run(run_dir)
+    run, cfg, checkpoint = opened.run, opened.cfg, opened.checkpoint
     if checkpoint is None:
         raise ConfigError(f"{run_dir}: no checkpoint yet")
     env = build_env(cfg.env)
-    model, tokenizer = load_policy(cfg.model)
-    load_weights(model, checkpoint / "model")
+    model, tokenizer = opened.load_model("cpu")
     algorithm = build_algorithm(cfg)
     if not isinstance(algorithm, LOPD):
         raise ConfigError(f"{run_dir}: algorithm '{cfg.algorithm.name}' has no latent slots to inspect (lopd only)")
     algorithm.setup(policy=model, tokenizer=tokenizer, env=env, run=None)
     state = torch.load(checkpoint / "state.pt", weights_only=False)["algorithm"]
     algorithm.composer.load_state_dict(state["composer"])
-    algorithm.memory.bank = ExperienceBank(algorithm.memory.embedder.dim, run.path / "bank", readonly=True)
+    algorithm.memory.bank = ExperienceBank(algorithm.memory.embedder.dim, run.bank_dir, readonly=True)
     split = split or (cfg.env.eval_splits[0] if cfg.env.eval_splits else cfg.env.train_split)
     chosen = list(env.tasks(split))[:tasks]
     bank = algorithm.memory.bank
     c = cfg.algorithm.lopd
     found = algorithm.memory.search([task_text(t) for t in chosen])  # the same retrieval as in training
-    with algorithm.reference.active() as frozen:
+    with algorithm.initial_policy.active() as frozen:
         table = frozen.get_input_embeddings().weight.detach().float()  # [V, H]
     unit = torch.nn.functional.normalize(table, dim=-1)
     panels, lines = [], [f"# What the latent slots of `{run.path.name}` carry ({checkpoint.name}, split `{split}`)", ""]
@@ -63,13 +57,13 @@ def inspect_run(run_dir: str | Path, *, tasks: int = 3, split: str | None = None
             continue
         lines += [f"- {s:.2f} {'ok' if bank.entries[i].success else 'fail'}: {bank.entries[i].task_text} -> "
                   f"{bank.entries[i].trajectory}" for i, s in zip(ids, sims)] + [""]
-        ctx = RetrievalContext(step=0, texts=[experiences_as_text(bank, ids)], retrieved=[ids],
+        ctx = RetrievalContext(step=0, privileged=[experiences_as_text(bank, ids)], retrieved=[ids],
                                has_context=torch.ones(1, dtype=torch.bool))
         attention: list[torch.Tensor] = []
-        prompt, start, end = context_span(tokenizer, task.messages, ctx.texts[0])
+        prompt, start, end = context_span(tokenizer, task.messages, ctx.privileged[0])
         under = prompt[start:end][: c.latent_tokens]
         with torch.no_grad():
-            below = algorithm.tokens_under_slots([task], ctx.texts) if algorithm.composer.token_in is not None else None
+            below = algorithm.tokens_under_slots([task], ctx.privileged) if algorithm.composer.token_in is not None else None
             added = algorithm.compose(ctx, attention=attention, under=below)[0]  # [K, H]
         # the slots as the teacher reads them: over the context's tokens, or K slots of their own
         z = table[torch.tensor(under)] + added[: len(under)] if algorithm.composer.copy_tokens else added[: len(under)]
@@ -94,7 +88,7 @@ def inspect_run(run_dir: str | Path, *, tasks: int = 3, split: str | None = None
                      f"memory token" if "shared_focus" in alike else "") + ".", ""]
         panels.append((task, under, nearest, weights, memory_tokens))
     metrics = run.read_metrics()
-    out_png, out_md = run.path / "inspect.png", run.path / "inspect.md"
+    out_png, out_md = run.inspect_png, run.inspect_md
     _draw(out_png, panels, metrics, tokenizer, slots)
     lines += ["![inspect](inspect.png)", ""]
     out_md.write_text("\n".join(lines))

@@ -1,19 +1,26 @@
 """Loss functions: small, pure, shape-commented. Every one is tested against hand-computed values.
 
-Shapes: B trajectories, T completion positions. `mask` is 1 on tokens the loss trains on.
+Shapes: B trajectories, T completion positions, V the vocabulary. `mask` is 1 on tokens the loss trains on.
+
+    advantages        group_advantages
+    reductions        aggregate / aggregate_count (token or sequence), per_unit, sequence_mean
+    policy gradient   clipped_policy_gradient, kl_sampled (k1/k2/k3), policy_kl
+    divergences       token_divergence (full / topk / sampled / jsd over the vocabulary, in chunks), full_reverse_kl
+    LOPD              privileged_margin, privilege, constrained
 """
 
 from __future__ import annotations
 
-import enum
+import functools
+import math
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from lopd.config import Aggregation, DistillEstimator, KLEstimator
+from lopd.tokens import TokenStats, head_logits, masked, per_token, trained_positions
 
-def masked(x: Tensor, mask: Tensor) -> Tensor:
-    """x where mask is set, exactly 0 elsewhere (x * mask would turn a masked inf into nan)."""
-    return torch.where(mask > 0, x * mask, torch.zeros((), dtype=x.dtype, device=x.device))
+__all__ = ["masked"]  # re-exported: the one masking rule (a masked inf stays out of values and gradients)
 
 
 def group_advantages(rewards: Tensor, group: Tensor, normalize_std: bool = True, eps: float = 1e-6) -> Tensor:
@@ -33,40 +40,54 @@ def group_advantages(rewards: Tensor, group: Tensor, normalize_std: bool = True,
     return centered / (var.sqrt()[inverse] + eps)
 
 
-def aggregate(per_token: Tensor, mask: Tensor, mode: str = "token", total: float | None = None) -> Tensor:
-    """Reduce a [B, T] per-token loss to a scalar.
+# ------------------------------------------------------------------------------------------- reductions
 
-    token:    sum over every masked token / number of masked tokens (each token weighs the same)
-    sequence: mean over each sequence's tokens, then mean over sequences (each sequence weighs the same)
+
+def per_unit(per_token: Tensor, mask: Tensor, mode: Aggregation = Aggregation.token) -> tuple[Tensor, Tensor]:
+    """The units a per-token loss is averaged over, and their mask.   [B, T], [B, T] -> ([B, T], [B, T]) or ([B], [B])
+
+    token:    every masked token is a unit (each token weighs the same)
+    sequence: each sequence with a masked token is a unit, valued at its tokens' mean (each sequence weighs
+              the same)
+    The loss is then sum(masked(values, units)) / count(units), the count taken over the whole minibatch.
+    """
+    mask = mask.to(per_token.dtype)
+    if mode == Aggregation.token:
+        return per_token, mask
+    if mode == Aggregation.sequence:
+        per_seq = masked(per_token, mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B]
+        return per_seq, (mask.sum(-1) > 0).to(per_token.dtype)
+    raise ValueError(f"aggregation '{mode}' is not one of {', '.join(Aggregation)}")
+
+
+def aggregate(per_token: Tensor, mask: Tensor, mode: Aggregation = Aggregation.token, total: float | None = None) -> Tensor:
+    """Reduce a [B, T] per-token loss to a scalar: sum over its units (`per_unit`) / their count.
 
     total: the denominator, counted by `aggregate_count` over the whole minibatch (every micro-batch, every
     rank); the result is then this micro-batch's share of the minibatch's value, and the shares add up to
     it exactly however the minibatch is split. None: this call's own count (the mean over these rows).
     """
-    mask = mask.to(per_token.dtype)
-    mode = mode.value if isinstance(mode, enum.Enum) else mode
-    if mode == "token":
-        return masked(per_token, mask).sum() / _denominator(mask.sum(), total)
-    if mode == "sequence":
-        per_seq = masked(per_token, mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B]
-        has_tokens = (mask.sum(-1) > 0).to(per_token.dtype)
-        return (per_seq * has_tokens).sum() / _denominator(has_tokens.sum(), total)
-    raise ValueError(f"aggregation '{mode}' is not one of token, sequence")
+    values, units = per_unit(per_token, mask, mode)
+    return masked(values, units).sum() / _denominator(units.sum(), total)
 
 
-def aggregate_count(mask: Tensor, mode: str = "token") -> float:
+def aggregate_count(mask: Tensor, mode: Aggregation = Aggregation.token) -> float:
     """What `aggregate` divides by over these rows: masked tokens (token) or sequences with any (sequence).
     [B, T] -> float"""
-    mode = mode.value if isinstance(mode, enum.Enum) else mode
-    if mode == "token":
-        return float(mask.double().sum())
-    if mode == "sequence":
-        return float((mask.double().sum(-1) > 0).sum())
-    raise ValueError(f"aggregation '{mode}' is not one of token, sequence")
+    return float(per_unit(mask.double(), mask, mode)[1].sum())
 
 
 def _denominator(local: Tensor, total: float | None) -> Tensor | float:
     return local.clamp(min=1) if total is None else max(float(total), 1.0)
+
+
+def sequence_mean(per_token: Tensor, mask: Tensor) -> Tensor:
+    """Mean over each sequence's masked tokens.   [B, T] -> [B]"""
+    mask = mask.to(per_token.dtype)
+    return masked(per_token, mask).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+# ------------------------------------------------------------------------------------- policy gradient
 
 
 def clipped_policy_gradient(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_low: float = 0.2,
@@ -84,7 +105,7 @@ def clipped_policy_gradient(logprobs: Tensor, old_logprobs: Tensor, advantages: 
     return -torch.minimum(unclipped, clipped), clipped < unclipped
 
 
-def kl_sampled(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k2") -> Tensor:
+def kl_sampled(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = KLEstimator.k2) -> Tensor:
     """Per-token estimate of KL(pi || ref) from the sampled tokens y_t ~ pi.   [B, T] -> [B, T]
 
     With d = log pi(y_t) - log ref(y_t):
@@ -92,10 +113,10 @@ def kl_sampled(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k2") ->
       k2 = d^2 / 2                biased value; gradient d * grad log pi = the exact reverse-KL gradient
       k3 = exp(-d) - 1 + d        unbiased, non-negative value; gradient (1 - exp(-d)) grad log pi, whose
                                   expectation is the gradient of the *forward* KL(ref || pi)
-    Use k2 to optimise reverse KL, k3 to report it.
+    Use k2 to optimise reverse KL, k3 to report it (`algorithm.pg.kl_estimator` offers those two; k1 is here
+    for the record and its test).
     """
     d = logprobs - ref_logprobs
-    estimator = estimator.value if isinstance(estimator, enum.Enum) else estimator
     if estimator == "k1":
         return d
     if estimator == "k2":
@@ -105,10 +126,120 @@ def kl_sampled(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k2") ->
     raise ValueError(f"sampled KL estimator '{estimator}' is not one of k1, k2, k3")
 
 
-def sequence_mean(per_token: Tensor, mask: Tensor) -> Tensor:
-    """Mean over each sequence's masked tokens.   [B, T] -> [B]"""
-    mask = mask.to(per_token.dtype)
-    return masked(per_token, mask).sum(-1) / mask.sum(-1).clamp(min=1)
+def policy_kl(student: TokenStats, reference: TokenStats, estimator: KLEstimator) -> Tensor:
+    """Per-token KL(student || reference), sampled (k1/k2/k3) or over the full vocabulary.   -> [B, T]"""
+    if estimator == KLEstimator.full:
+        return full_reverse_kl(student, reference)
+    return kl_sampled(student.logprobs(), reference.logprobs().detach(), estimator)
+
+
+# ------------------------------------------------------------------------------------------ divergences
+
+LOG_FLOOR = math.log(torch.finfo(torch.float32).tiny)  # -87.34: float32's smallest normal probability, 1.2e-38
+
+
+def floor_impossible(log_b: Tensor, log_a: Tensor) -> Tensor:
+    """log_b, raised to LOG_FLOOR where b gives probability 0 to a token a gives mass to (elsewhere unchanged,
+    bit for bit). KL(a || b) is then finite with a finite gradient that moves a's mass off those tokens,
+    instead of +inf with a NaN gradient: a teacher that calls a sampled token impossible (a -inf logit the
+    student does not share) is one defined, counted case (`impossible`), not a poisoned update."""
+    return torch.where((log_b == -math.inf) & (log_a > -math.inf), torch.full((), LOG_FLOOR, dtype=log_b.dtype,
+                                                                               device=log_b.device), log_b)
+
+
+def impossible(teacher_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """[B, T] float: 1 on trained tokens the teacher gives probability 0 (floored by `floor_impossible`)."""
+    return ((teacher_logprobs == -math.inf) & (mask > 0)).to(mask.dtype)
+
+
+def xlogy_divergence(log_a: Tensor, log_b: Tensor) -> Tensor:
+    """sum_v a_v (log a_v - log b_v), with 0 log 0 = 0 exactly in value and gradient (-inf logits: a masked
+    vocabulary, a -inf bias).   [..., V] -> [...]"""
+    present = log_a > -math.inf
+    log_b = floor_impossible(log_b, log_a)
+    return (log_a.exp() * torch.where(present, log_a - log_b, torch.zeros((), dtype=log_a.dtype,
+                                                                          device=log_a.device))).sum(-1)
+
+
+def safe_logsumexp(x: Tensor, dim: int, keepdim: bool = False) -> Tensor:
+    """logsumexp whose gradient stays finite where every entry is -inf (the result there is -inf and its
+    gradient 0, instead of exp(-inf - -inf) = nan)."""
+    empty = (x == -math.inf).all(dim=dim, keepdim=True)
+    out = torch.where(empty, torch.zeros((), dtype=x.dtype, device=x.device), x).logsumexp(dim, keepdim=True)
+    out = torch.where(empty, torch.full((), -math.inf, dtype=x.dtype, device=x.device), out)
+    return out if keepdim else out.squeeze(dim)
+
+
+def divergence_chunk(s_head: nn.Module, t_head: nn.Module, s_temperature: float, t_temperature: float,
+                     estimator: DistillEstimator, topk: int, alpha: float, head_dtype, s_hidden: Tensor,
+                     t_hidden: Tensor) -> Tensor:
+    """Divergence between the student's and the teacher's next-token distributions, each at its own
+    temperature, exact for -inf logits (0 log 0 = 0).   [B, c, H], [B, c, H] -> [B, c]"""
+    ls = torch.log_softmax(head_logits(s_head, s_hidden, head_dtype) / s_temperature, dim=-1)  # [B, c, V] student log p
+    lt = torch.log_softmax(head_logits(t_head, t_hidden, head_dtype) / t_temperature, dim=-1)  # [B, c, V] teacher log q
+    if estimator == DistillEstimator.full or (estimator == DistillEstimator.jsd and alpha >= 1):  # reverse KL(p || q)
+        return xlogy_divergence(ls, lt)
+    if estimator == DistillEstimator.jsd and alpha <= 0:  # forward KL(q || p)
+        return xlogy_divergence(lt, ls)
+    if estimator == DistillEstimator.jsd:  # m = alpha q + (1 - alpha) p;  alpha KL(q || m) + (1 - alpha) KL(p || m)
+        lm = safe_logsumexp(torch.stack([lt + math.log(alpha), ls + math.log(1 - alpha)]), dim=0)  # [B, c, V]
+        return alpha * xlogy_divergence(lt, lm) + (1 - alpha) * xlogy_divergence(ls, lm)
+    if estimator == DistillEstimator.topk:  # the student's top-k tokens plus one bucket holding the rest of the mass
+        k = min(topk, ls.shape[-1])
+        idx = ls.detach().topk(k, dim=-1).indices  # [B, c, k]
+        out = xlogy_divergence(ls.gather(-1, idx), lt.gather(-1, idx))
+        if k < ls.shape[-1]:
+            in_top = torch.zeros_like(ls, dtype=torch.bool).scatter_(-1, idx, True)
+            ls_tail = safe_logsumexp(ls.masked_fill(in_top, -math.inf), dim=-1, keepdim=True)  # [B, c, 1] log tail mass
+            lt_tail = safe_logsumexp(lt.masked_fill(in_top, -math.inf), dim=-1, keepdim=True)
+            out = out + xlogy_divergence(ls_tail, lt_tail)
+        return out
+    raise ValueError(f"distillation estimator '{estimator}' is not one of {', '.join(DistillEstimator)}")
+
+
+def token_divergence(student: TokenStats, teacher: TokenStats, estimator: DistillEstimator = DistillEstimator.full, *,
+                     topk: int = 20, alpha: float = 1.0) -> Tensor:
+    """Per-token divergence of the student from the teacher at every completion position.   -> [B, T]
+
+    estimator:
+      full     exact KL(student || teacher) over the vocabulary
+      topk     the student's top-k tokens plus one tail bucket, for both models (= full when k = V)
+      sampled  on the sampled token y_t only: value log p(y_t) - log q(y_t); gradient for the student
+               -(log q - log p) grad log p (the reverse-KL score-function estimator), for the teacher
+               -grad log q(y_t) (the gradient of KL(p || q) in q, with y_t ~ p)
+      jsd      generalised Jensen-Shannon with weight alpha: 1 = reverse KL, 0 = forward KL(teacher || student)
+
+    A teacher probability of exactly 0 where the student has mass is floored at exp(LOG_FLOOR)
+    (`floor_impossible`): the value stays finite, as does its gradient. Gradients flow into whichever side's
+    hidden states require them (detach a side to stop them). Full-vocabulary estimators run chunk by chunk
+    (`tokens.per_token`), so peak memory holds one [B, chunk, V] block per model, never [B, T, V].
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"algorithm.distill.alpha: {alpha} is not between 0 (forward KL) and 1 (reverse KL)")
+    if estimator == DistillEstimator.sampled:
+        lp, lq = student.logprobs(), teacher.logprobs()  # [B, T]
+        lq = floor_impossible(lq, lp)
+        gap = (lp - lq).detach()
+        return masked(gap + gap * (lp - lp.detach()) - (lq - lq.detach()), student.mask)
+    if estimator not in tuple(DistillEstimator):
+        raise ValueError(f"distillation estimator '{estimator}' is not one of {', '.join(DistillEstimator)}")
+    parts = []
+    T = student.hidden.shape[1]
+    fn = functools.partial(divergence_chunk, student.head, teacher.head, student.temperature, teacher.temperature,
+                           estimator, topk, alpha, student.head_dtype)
+    s_hidden, t_hidden = trained_positions(student.hidden, student.mask), trained_positions(teacher.hidden, student.mask)
+    for start in range(0, T, student.chunk):
+        sl = slice(start, min(T, start + student.chunk))
+        parts.append(per_token(fn, (student.head, teacher.head), s_hidden[:, sl], t_hidden[:, sl]))
+    return masked(torch.cat(parts, dim=1), student.mask)
+
+
+def full_reverse_kl(student: TokenStats, teacher: TokenStats) -> Tensor:
+    """Exact KL(student || teacher) over the vocabulary at every position.   -> [B, T]"""
+    return token_divergence(student, teacher, DistillEstimator.full)
+
+
+# ----------------------------------------------------------------------------------------------- LOPD
 
 
 def privileged_margin(delta: Tensor, advantages: Tensor, margin: float, active: Tensor | None = None,

@@ -1,6 +1,6 @@
 """Micro-batches by a memory budget: how many sequences go into one forward/backward.
 
-    train.micro_batch_size = 0 (default)   as many as `train.memory_budget_gib` allows for this model
+    train.micro_batch_size = 0 (default)   as many as `train.memory_budget_gib` (10 GiB) allows for this model
     train.micro_batch_size = N             at most N sequences (and never more tokens than the budget allows)
 
 Padding-aware: a minibatch's sequences are packed longest first, so each micro-batch holds sequences of
@@ -29,30 +29,17 @@ import weakref
 import torch
 from torch import Tensor
 
+from lopd.models import base_model, checkpointing_on, copies_of
+
 LENGTH_BUCKET = 64  # kept bytes are measured at the step's longest length rounded up to this
 _measured: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {(length, mode): bytes}
-
-
-def available_memory_bytes(device: torch.device) -> int:
-    """What this process may use: the free GPU memory, or MemAvailable from /proc/meminfo (CPU)."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free + torch.cuda.memory_allocated(device))
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 * 2**30
 
 
 def activation_bytes_per_token(model, sequence_length: int, forwards_kept: int = 1) -> int:
     """Bytes of kept activations per padded token of one micro-batch (see the module doc). On CUDA the
     attention kernels keep no row of attention weights; with activation checkpointing on, a layer keeps
     only its input (one hidden-size vector)."""
-    base = _base(model)
+    base = base_model(model)
     config = base.config
     hidden = config.hidden_size
     inter = getattr(config, "intermediate_size", 4 * hidden)
@@ -74,7 +61,7 @@ def kept_bytes_per_token(model, sequence_length: int) -> int:
 
     decoder, _ = decoder_and_head(model)
     length = max(2, -(-sequence_length // LENGTH_BUCKET) * LENGTH_BUCKET)
-    key = (length, decoder.training, checkpointing_on(_base(model)))
+    key = (length, decoder.training, checkpointing_on(base_model(model)))
     cache = _measured.setdefault(model, {})
     if key not in cache:
         params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -98,22 +85,9 @@ def kept_bytes_per_token(model, sequence_length: int) -> int:
     return cache[key]
 
 
-def _base(model):
-    """The Hugging Face model under a peft wrapper (or the model itself)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def checkpointing_on(model) -> bool:
-    """Whether Hugging Face activation checkpointing is enabled on `model` (either property name)."""
-    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
-    return bool(getattr(model, name, False))
-
-
 def trained_state_bytes(model) -> int:
     """Weights + gradients + AdamW's two moments of the trained parameters, plus the frozen weights once,
     plus the teachers' full-model weight copies of `model` (a full fine-tune's frozen teacher, EMA)."""
-    from lopd.teacher import copies_of
-
     trained = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
     copies = sum(p.numel() * p.element_size() for c in copies_of(model) for p in c.parameters())
@@ -123,8 +97,10 @@ def trained_state_bytes(model) -> int:
 def token_budget(model, device: torch.device, budget_gib: float, sequence_length: int, forwards_kept: int,
                  measure: bool = True) -> int:
     """Padded tokens per micro-batch whose activations fit in `budget_gib` of memory, the trained state
-    counted first (0: half of what is available now); kept bytes measured (`measure`) or estimated."""
-    budget = budget_gib * 2**30 if budget_gib > 0 else available_memory_bytes(device) // 2
+    counted first; kept bytes measured (`measure`) or estimated. A function of the budget and the model
+    only, never of the memory free at the time: the same config gives the same plan, hence the same numbers,
+    on a busy machine and an idle one."""
+    budget = budget_gib * 2**30
     per_token = (kept_bytes_per_token(model, sequence_length) * forwards_kept if measure
                  else activation_bytes_per_token(model, sequence_length, forwards_kept))
     return max(1, int((budget - trained_state_bytes(model)) // per_token))

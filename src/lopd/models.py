@@ -11,12 +11,14 @@ Nothing downloads: a name that is none of these is an error that says so.
 
 from __future__ import annotations
 
+import copy
 import importlib.resources
 import importlib.util
 import os
 import shutil
 import tempfile
 import warnings
+import weakref
 from pathlib import Path
 
 import torch
@@ -92,9 +94,7 @@ def load_policy(cfg, device: torch.device | str = "cpu"):
     from transformers import AutoModelForCausalLM
 
     folder = resolve_model(cfg.name)
-    from lopd.config import DType
-
-    dtype = getattr(torch, DType(cfg.dtype).value)
+    dtype = getattr(torch, cfg.dtype.value)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device)
     model.generation_config.pad_token_id = None  # we pass ids and masks ourselves
     tokenizer = load_tokenizer(folder)
@@ -141,6 +141,45 @@ def save_random_backbone(folder: str | Path, architecture: str = "qwen3", *, hid
 
 def is_lora(model: nn.Module) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
+def base_model(model: nn.Module) -> nn.Module:
+    """The Hugging Face model under a peft wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def checkpointing_on(model: nn.Module) -> bool:
+    """Whether Hugging Face activation checkpointing is enabled on `model` (either property name)."""
+    model = base_model(model)
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
+
+
+# Full-model weight copies of a policy (a full fine-tune's frozen teacher, an EMA teacher): the memory planner
+# counts them and `train.fsdp` shards them with the policy. LoRA teachers need none (adapters on shared weights).
+_COPIES: "weakref.WeakKeyDictionary[nn.Module, list[nn.Module]]" = weakref.WeakKeyDictionary()
+_FROZEN: "weakref.WeakKeyDictionary[nn.Module, nn.Module]" = weakref.WeakKeyDictionary()
+
+
+def weight_copy(policy: nn.Module) -> nn.Module:
+    """A frozen full-model copy of `policy`, listed by `copies_of(policy)`."""
+    model = copy.deepcopy(policy)
+    model.requires_grad_(False)
+    model.eval()
+    _COPIES.setdefault(policy, []).append(model)
+    return model
+
+
+def copies_of(policy: nn.Module) -> list[nn.Module]:
+    """The full-model weight copies made of `policy` (`weight_copy`)."""
+    return list(_COPIES.get(policy, []))
+
+
+def frozen_copy(policy: nn.Module) -> nn.Module:
+    """One frozen copy of a fully fine-tuned policy's initial weights, shared by all its frozen views."""
+    if policy not in _FROZEN:
+        _FROZEN[policy] = weight_copy(policy)
+    return _FROZEN[policy]
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:

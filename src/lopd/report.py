@@ -104,7 +104,7 @@ def write_run_report(path: str | Path) -> Path:
     run = RunDir(path)
     metrics = run.read_metrics()
     title = run.path.name
-    plot_curves(metrics, run.path / "curves.png", title)
+    plot_curves(metrics, run.curves_path, title)
     timing = [r for r in metrics if r.get("kind", "").startswith("train")]
     phases = sorted({k for r in timing for k in r if k.startswith("time/")})
     time_lines = [f"| {p.removeprefix('time/')} | {sum(r.get(p, 0.0) for r in timing) / max(len(timing), 1):.2f} |"
@@ -113,10 +113,10 @@ def write_run_report(path: str | Path) -> Path:
         f"# Run `{title}`", "",
         "Held-out success of the student alone (greedy decoding, no context) against the rollout budget.", "",
         success_table(metrics), "",
-        "![curves](curves.png)", "",
+        f"![curves]({run.curves_path.name})", "",
         "Mean seconds per training step, by phase:", "",
         "| phase | seconds |", "|---|---:|", *time_lines, "",
         health_line(timing, run), "",
         f"Config: `{run.config_path.name}`; every number above is a row of `{run.metrics_path.name}`.", ""])
-    (run.path / "report.md").write_text(text)
-    return run.path / "report.md"
+    run.report_path.write_text(text)
+    return run.report_path

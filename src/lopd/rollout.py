@@ -30,7 +30,7 @@ class Samples:
     completion_ids: torch.Tensor  # [B, C] right-padded
     completion_mask: torch.Tensor  # [B, C] generated tokens up to and including EOS
     sampler_logprobs: torch.Tensor  # [B, C] log pi(y_t | prefix) at the sampling temperature; 0 on pads
-    texts: list[str]
+    completions: list[str]  # the decoded completions
     truncated: torch.Tensor  # [B] bool: stopped by max_new_tokens, not by EOS
     # [B, C] tokens the model attends to: the trained ones plus, in multi-turn episodes, the observations
     # (tool results, user turns) between them, which are context but never trained on. None = completion_mask.
@@ -56,7 +56,7 @@ class RolloutBatch(Samples):
     is_weights: torch.Tensor | None = None
 
     def __len__(self) -> int:
-        return len(self.texts)
+        return len(self.completions)
 
     def trimmed(self) -> "RolloutBatch":
         """Drop prompt columns that are padding in every row, and completion columns after every end."""
@@ -94,7 +94,7 @@ class RolloutBatch(Samples):
         return RolloutBatch(
             prompt_ids=self.prompt_ids[index], prompt_mask=self.prompt_mask[index],
             completion_ids=self.completion_ids[index], completion_mask=self.completion_mask[index],
-            sampler_logprobs=self.sampler_logprobs[index], texts=[self.texts[i] for i in idx],
+            sampler_logprobs=self.sampler_logprobs[index], completions=[self.completions[i] for i in idx],
             truncated=self.truncated[index],
             completion_attention=None if self.completion_attention is None else self.completion_attention[index],
             tasks=[self.tasks[i] for i in idx], group=self.group[index],
@@ -210,7 +210,7 @@ def _concat(chunks: list[Samples], pad: int) -> Samples:
         completion_ids=torch.cat([fit(c.completion_ids, C, pad, False) for c in chunks]),
         completion_mask=torch.cat([fit(c.completion_mask, C, 0, False) for c in chunks]),
         sampler_logprobs=torch.cat([fit(c.sampler_logprobs, C, 0.0, False) for c in chunks]),
-        texts=[t for c in chunks for t in c.texts],
+        completions=[t for c in chunks for t in c.completions],
         truncated=torch.cat([c.truncated for c in chunks]))
 
 
@@ -248,7 +248,7 @@ def sample_episodes(model, tokenizer, env: Env, tasks: Sequence[Task], *, max_tu
             ids[i] += turn
             trained[i] += [1] * k
             logp[i] += s.sampler_logprobs[j, :k].tolist()
-            history[i].append({"role": "assistant", "content": s.texts[j]})
+            history[i].append({"role": "assistant", "content": s.completions[j]})
             rendered[i] += tokenizer.decode(turn, skip_special_tokens=False)
             if bool(s.truncated[j]):
                 truncated[i] = True
@@ -274,7 +274,7 @@ def sample_episodes(model, tokenizer, env: Env, tasks: Sequence[Task], *, max_tu
     out = Samples(prompt_ids=prompt_ids, prompt_mask=prompt_mask,
                   completion_ids=torch.full((n, C), pad, dtype=torch.long),
                   completion_mask=torch.zeros(n, C, dtype=torch.long), sampler_logprobs=torch.zeros(n, C),
-                  texts=[tokenizer.decode(x, skip_special_tokens=True) for x in ids],
+                  completions=[tokenizer.decode(x, skip_special_tokens=True) for x in ids],
                   truncated=torch.tensor(truncated), completion_attention=torch.zeros(n, C, dtype=torch.long))
     for i in range(n):
         L = len(ids[i])
@@ -334,7 +334,7 @@ def sample_and_score(model, tokenizer, env: Env, tasks: Sequence[Task], *, group
         if episodes is not None:
             scores = [env.score_episode(t, h) for t, h in zip(owners, episodes)]
         else:
-            scores = score_all(env, owners, s.texts)
+            scores = score_all(env, owners, s.completions)
     groups = torch.arange(first_group, first_group + len(tasks)).repeat_interleave(group_size)
     return RolloutBatch(**vars(s), tasks=owners, group=groups,
                         rewards=torch.tensor([sc.reward for sc in scores], dtype=torch.float32),

@@ -1,16 +1,49 @@
-"""What a training process shows and hears, apart from the loop's logic: the progress bar, the TensorBoard
-writer, and SIGTERM turned into an interrupt (so a killed run records how it ended)."""
+"""What a training process shows, hears and measures, apart from the loop's logic: the progress bar, the
+TensorBoard writer, SIGTERM turned into an interrupt (so a killed run records how it ended), and the
+phases' timer."""
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
-from lopd.config import AlgorithmName, Config
+import torch
+
+from lopd import host_memory
+from lopd.config import Config
 from lopd.runs import RunDir
 
 if TYPE_CHECKING:
-    from lopd.loop import RunState
+    from lopd.session import RunState
+
+
+class Timer:
+    """Wall-clock seconds per named phase, and the phase's peak resident memory where the kernel can reset
+    its high-water mark (Linux). On a GPU each phase ends with a synchronise, so queued kernels are charged
+    to the phase that launched them."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.peaks: dict[str, float] = {}
+        self.sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        tracked = host_memory.start_phase_peak()
+        start = time.perf_counter()
+        yield
+        self.sync()
+        self.seconds[f"time/{phase}"] = self.seconds.get(f"time/{phase}", 0.0) + time.perf_counter() - start
+        peak = host_memory.phase_peak_gib() if tracked else None
+        if peak is not None:
+            key = f"memory/peak_rss_gib/{phase}"
+            self.peaks[key] = max(self.peaks.get(key, 0.0), peak)
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """`time/<phase>` seconds and `memory/peak_rss_gib/<phase>` GiB, for the row of the step."""
+        return {**self.seconds, **self.peaks}
 
 
 class Terminated(KeyboardInterrupt):
@@ -48,7 +81,7 @@ def tensorboard_writer(run: RunDir, cfg: Config, purge_step: int | None):
                       f"run.tensorboard=false to silence this)")
         return None
 
-    return SummaryWriter(log_dir=str(run.path / "tb"), purge_step=purge_step)
+    return SummaryWriter(log_dir=str(run.tensorboard_dir), purge_step=purge_step)
 
 
 class Progress:
@@ -70,7 +103,7 @@ class Progress:
                             TextColumn("rollouts  reward {task.fields[reward]}  held-out {task.fields[held_out]}"),
                             TimeElapsedColumn(), TimeRemainingColumn())
         self.bar.start()
-        self.task = self.bar.add_task(AlgorithmName(self.cfg.algorithm.name).value, total=self.budget, completed=state.rollouts, **self.fields)
+        self.task = self.bar.add_task(str(self.cfg.algorithm.name), total=self.budget, completed=state.rollouts, **self.fields)
 
     def _absorb(self, row: dict) -> None:
         if "reward/mean" in row:

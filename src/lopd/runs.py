@@ -6,12 +6,17 @@
       tb/                    TensorBoard events (x axis: rollouts)
       checkpoints/step_N/    model/ (weights or adapter), optimizer.pt, state.pt, metrics.jsonl (the rows up to
                              and including step N), manifest.json (every file's size and sha256)
-      samples/               every evaluated completion with its verdict, per evaluation
+      samples/SPLIT_stepN.jsonl  every evaluated completion with its verdict, per evaluation
       bank/, skills/         the algorithm's own files (LOPD's experiences, Skill-SD's skills)
       status.json            how the last process ended (running / finished / crashed: why / interrupted)
       resumes.log            one line per resume: when, from which checkpoint, how the previous process ended
       lock                   held (flock) by the process that trains the run; a second one is refused
       report.md, curves.png  written at the end of training
+      finished               written last, when the whole budget is trained (its text: the budget)
+      inspect.png, inspect.md  `lopd inspect` (LOPD runs)
+      train.log, grid_config.yaml  a run of a `lopd compare` grid: its output and the resolved grid entry
+
+Every path inside a run directory is a property of `RunDir`: no other module joins a run's path with a name.
 
 Crash consistency. A checkpoint is written under `.tmp_step_N`, with the metrics rows so far and a manifest
 of its files' checksums, then the step's row is appended to metrics.jsonl, then the folder is renamed
@@ -145,6 +150,37 @@ class RunDir:
     status_path = property(lambda self: self.path / "status.json")
     resumes_path = property(lambda self: self.path / "resumes.log")
     lock_path = property(lambda self: self.path / "lock")
+    finished_path = property(lambda self: self.path / "finished")
+    tensorboard_dir = property(lambda self: self.path / "tb")
+    samples_dir = property(lambda self: self.path / "samples")
+    bank_dir = property(lambda self: self.path / "bank")
+    skills_dir = property(lambda self: self.path / "skills")
+    report_path = property(lambda self: self.path / "report.md")
+    curves_path = property(lambda self: self.path / "curves.png")
+    inspect_png = property(lambda self: self.path / "inspect.png")
+    inspect_md = property(lambda self: self.path / "inspect.md")
+    train_log = property(lambda self: self.path / "train.log")
+    grid_config_path = property(lambda self: self.path / "grid_config.yaml")
+
+    def samples_path(self, split: str, step: int) -> Path:
+        """The completions of the evaluation of `split` at `step`."""
+        return self.samples_dir / f"{split}_step{step:06d}.jsonl"
+
+    def finished(self) -> bool:
+        return self.finished_path.is_file()
+
+    def mark_finished(self, budget: int) -> None:
+        """Written last: the whole budget is trained."""
+        self.finished_path.write_text(str(budget))
+
+    def write_samples(self, split: str, step: int, samples: list[dict]) -> None:
+        """The evaluated completions of `split` at `step`, one JSON object per line."""
+        self.samples_dir.mkdir(exist_ok=True)
+        try:
+            with open(self.samples_path(split, step), "w") as f:
+                f.writelines(json.dumps(s) + "\n" for s in samples)
+        except OSError as e:
+            raise write_error(e, self.samples_path(split, step)) or e
 
     def exists(self) -> bool:
         return self.config_path.is_file()
@@ -294,12 +330,12 @@ class RunDir:
     def remove_after(self, step: int, rollouts: int) -> None:
         """What steps after `step` wrote outside the checkpoints: their samples and TensorBoard events
         (with no checkpoint, `step` is 0 and the whole tb/ goes)."""
-        for f in (self.path / "samples").glob("*_step*.jsonl"):
+        for f in self.samples_dir.glob("*_step*.jsonl"):
             m = re.search(r"_step(\d+)\.jsonl$", f.name)
             if m and int(m.group(1)) > step:
                 f.unlink()
         if step == 0:
-            shutil.rmtree(self.path / "tb", ignore_errors=True)
+            shutil.rmtree(self.tensorboard_dir, ignore_errors=True)
 
     def save_checkpoint(self, step: int, model, optimizer, state: dict, keep: int = 2,
                         gathered: dict | None = None) -> PendingCheckpoint:

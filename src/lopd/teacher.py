@@ -14,14 +14,14 @@ Weights (`algorithm.distill.teacher`):
     ema     an exponential moving average of the student, updated after every optimizer step.
     live    the student's current weights, detached.
 Gradients never reach a teacher's weights; they may reach its inputs (LOPD's latent tokens).
-The training loop never sees any of this: an algorithm builds the teachers it needs in `setup`.
+An algorithm builds the teachers it needs in `setup`; the training loop never sees them. A full fine-tune's
+frozen or EMA teacher keeps a full weight copy (`lopd.models.weight_copy`), which the memory planner counts
+and `train.fsdp` shards with the policy.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Sequence
 
@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from lopd.config import LatentPosition, TeacherWeights
-from lopd.models import is_lora
+from lopd.models import base_model, checkpointing_on, frozen_copy, is_lora, weight_copy
 from lopd.prompts import PLACEHOLDER, context_span, encode_prompt
 from lopd.rollout import left_pad
 from lopd.tokens import Latents, TokenStats, score_completions
@@ -52,7 +52,7 @@ class LatentSlots:
 
     values: Tensor  # [B, K, H]
     over_context: bool = True
-    position: "LatentPosition | str" = "in_context"
+    position: LatentPosition = LatentPosition.in_context
 
 
 class Teacher:
@@ -102,7 +102,7 @@ class Teacher:
         `checkpoint_layers`: recompute each decoder layer in the backward pass instead of keeping its
         activations (the teacher's forward then costs one more forward, and far less memory)."""
         B, K, _ = latents.values.shape
-        over, in_context = latents.over_context, LatentPosition(latents.position) is LatentPosition.in_context
+        over, in_context = latents.over_context, latents.position == LatentPosition.in_context
         rows, starts, spans = [], [], []
         for task, text in zip(batch.tasks, contexts):
             marker = text if text is not None or over else PLACEHOLDER  # where the slots go
@@ -139,10 +139,8 @@ def activation_checkpointing(model: nn.Module, on: bool) -> Iterator[None]:
     if not on:
         yield
         return
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     was_training = base.training
-    from lopd.microbatch import checkpointing_on
-
     was_on = checkpointing_on(base)
     base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     base.train()  # Hugging Face checkpoints only in training mode (dropout stays whatever the config says)
@@ -152,31 +150,6 @@ def activation_checkpointing(model: nn.Module, on: bool) -> Iterator[None]:
         if not was_on:
             base.gradient_checkpointing_disable()
         base.train(was_training)
-
-
-_FROZEN_COPIES: "weakref.WeakKeyDictionary[nn.Module, nn.Module]" = weakref.WeakKeyDictionary()
-_COPIES: "weakref.WeakKeyDictionary[nn.Module, list[nn.Module]]" = weakref.WeakKeyDictionary()
-
-
-def weight_copy(policy: nn.Module) -> nn.Module:
-    """A frozen full-model copy of `policy` (a teacher's own weights), registered in `copies_of`."""
-    model = copy.deepcopy(policy)
-    model.requires_grad_(False)
-    model.eval()
-    _COPIES.setdefault(policy, []).append(model)
-    return model
-
-
-def copies_of(policy: nn.Module) -> list[nn.Module]:
-    """The full-model copies teachers made of `policy` (sharded with it under `train.fsdp`)."""
-    return list(_COPIES.get(policy, []))
-
-
-def frozen_copy(policy: nn.Module) -> nn.Module:
-    """One frozen copy of a fully fine-tuned policy's initial weights, shared by all its frozen views."""
-    if policy not in _FROZEN_COPIES:
-        _FROZEN_COPIES[policy] = weight_copy(policy)
-    return _FROZEN_COPIES[policy]
 
 
 class FrozenTeacher(Teacher):
@@ -282,12 +255,13 @@ class LiveTeacher(Teacher):
                 p.requires_grad_(True)
 
 
-def build_teacher(kind, policy: nn.Module, *, ema_rate: float = 0.05, tokenizer=None, temperature: float = 1.0,
-                  head_dtype: torch.dtype | None = torch.float32) -> Teacher:
-    """The self-teacher's weights by name: 'frozen', 'ema' or 'live' (`algorithm.distill.teacher`)."""
-    kind = TeacherWeights(kind)
-    if kind is TeacherWeights.frozen:
+def build_teacher(kind: TeacherWeights, policy: nn.Module, *, ema_rate: float = 0.05, tokenizer=None,
+                  temperature: float = 1.0, head_dtype: torch.dtype | None = torch.float32) -> Teacher:
+    """The self-teacher's weights (`algorithm.distill.teacher`): frozen, ema or live."""
+    if kind == TeacherWeights.frozen:
         return FrozenTeacher(policy, tokenizer, temperature, head_dtype)
-    if kind is TeacherWeights.ema:
+    if kind == TeacherWeights.ema:
         return EMATeacher(policy, ema_rate, tokenizer, temperature, head_dtype)
-    return LiveTeacher(policy, tokenizer, temperature, head_dtype)
+    if kind == TeacherWeights.live:
+        return LiveTeacher(policy, tokenizer, temperature, head_dtype)
+    raise ValueError(f"teacher weights '{kind}' are not one of {', '.join(TeacherWeights)}")

@@ -2,8 +2,8 @@
 
 `score_completions` runs the backbone once over [prefix ; prompt ; completion] and keeps only the
 hidden states at the positions that predict completion tokens. `TokenStats` turns them into
-log-probs (and, for the distillation losses, full-vocabulary quantities) chunk by chunk through the
-output head, so [B, chunk, V] logits are never held for the whole sequence.
+log-probs chunk by chunk through the output head, so [B, chunk, V] logits are never held for the whole
+sequence; the full-vocabulary divergences of `lopd.losses` run through the same chunks (`per_token`).
 
 Every such quantity is per token: its value at position t depends on the hidden states at t alone.
 When no output head has a trainable weight (LoRA, the usual case at scale), each chunk's gradient with
@@ -16,18 +16,22 @@ checkpointing), since its weight gradient depends on the per-token weights that 
 
 from __future__ import annotations
 
-import enum
 import functools
-import math
 from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from lopd.losses import masked
+from lopd.models import base_model
+
 
 DEFAULT_CHUNK = 128  # completion positions per output-head chunk
+
+
+def masked(x: Tensor, mask: Tensor) -> Tensor:
+    """x where mask is set, exactly 0 elsewhere (x * mask would turn a masked inf into nan)."""
+    return torch.where(mask > 0, x * mask, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def upcast(x: Tensor) -> Tensor:
@@ -59,14 +63,6 @@ def head_logits(head: nn.Module, hidden: Tensor, dtype: torch.dtype | None = tor
     return torch.cat(blocks, dim=-1)
 
 
-def xlogy_divergence(log_a: Tensor, log_b: Tensor) -> Tensor:
-    """sum_v a_v (log a_v - log b_v), with 0 log 0 = 0 exactly in value and gradient (-inf logits: a masked
-    vocabulary, a -inf bias). Where a_v > 0 and b_v = 0 the true value is +inf, and so is this.   [..., V] -> [...]"""
-    present = log_a > -math.inf
-    return (log_a.exp() * torch.where(present, log_a - log_b, torch.zeros((), dtype=log_a.dtype,
-                                                                          device=log_a.device))).sum(-1)
-
-
 def trained_positions(hidden: Tensor, mask: Tensor) -> Tensor:
     """Hidden states with the untrained positions (pads, observations) set to 0: whatever they hold (even
     inf or nan) never reaches a value or a gradient.   [B, T, H], [B, T] -> [B, T, H]"""
@@ -74,18 +70,9 @@ def trained_positions(hidden: Tensor, mask: Tensor) -> Tensor:
                                                                                     device=hidden.device))
 
 
-def safe_logsumexp(x: Tensor, dim: int, keepdim: bool = False) -> Tensor:
-    """logsumexp whose gradient stays finite where every entry is -inf (the result there is -inf and its
-    gradient 0, instead of exp(-inf - -inf) = nan)."""
-    empty = (x == -math.inf).all(dim=dim, keepdim=True)
-    out = torch.where(empty, torch.zeros((), dtype=x.dtype, device=x.device), x).logsumexp(dim, keepdim=True)
-    out = torch.where(empty, torch.full((), -math.inf, dtype=x.dtype, device=x.device), out)
-    return out if keepdim else out.squeeze(dim)
-
-
 def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     """The transformer body (returns hidden states) and the output head, for HF and peft models."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     return base.get_decoder(), base.get_output_embeddings()
 
 
@@ -237,73 +224,3 @@ def score_completions(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
     predicting = hidden[:, P - 1:P + T - 1]  # [B, T, H]: position i predicts token i + 1
     return TokenStats(predicting, head, completion_ids.to(device), completion_mask.to(device).float(), temperature,
                       chunk, head_dtype)
-
-
-def _divergence_chunk(s_head: nn.Module, t_head: nn.Module, s_temperature: float, t_temperature: float,
-                      estimator: str, topk: int, alpha: float, head_dtype, s_hidden: Tensor, t_hidden: Tensor) -> Tensor:
-    """Divergence between the student's and the teacher's next-token distributions, each at its own
-    temperature, exact for -inf logits (0 log 0 = 0).   -> [B, c]"""
-    ls = torch.log_softmax(head_logits(s_head, s_hidden, head_dtype) / s_temperature, dim=-1)  # [B, c, V] student log p
-    lt = torch.log_softmax(head_logits(t_head, t_hidden, head_dtype) / t_temperature, dim=-1)  # [B, c, V] teacher log q
-    if estimator == "full" or (estimator == "jsd" and alpha >= 1):  # reverse KL(p || q)
-        return xlogy_divergence(ls, lt)
-    if estimator == "jsd" and alpha <= 0:  # forward KL(q || p)
-        return xlogy_divergence(lt, ls)
-    if estimator == "jsd":  # m = alpha q + (1 - alpha) p;  alpha KL(q || m) + (1 - alpha) KL(p || m)
-        lm = safe_logsumexp(torch.stack([lt + math.log(alpha), ls + math.log(1 - alpha)]), dim=0)  # [B, c, V]
-        return alpha * xlogy_divergence(lt, lm) + (1 - alpha) * xlogy_divergence(ls, lm)
-    if estimator == "topk":  # the student's top-k tokens plus one bucket holding the rest of the mass
-        k = min(topk, ls.shape[-1])
-        idx = ls.detach().topk(k, dim=-1).indices  # [B, c, k]
-        out = xlogy_divergence(ls.gather(-1, idx), lt.gather(-1, idx))
-        if k < ls.shape[-1]:
-            in_top = torch.zeros_like(ls, dtype=torch.bool).scatter_(-1, idx, True)
-            ls_tail = safe_logsumexp(ls.masked_fill(in_top, -math.inf), dim=-1, keepdim=True)  # [B, c, 1] log tail mass
-            lt_tail = safe_logsumexp(lt.masked_fill(in_top, -math.inf), dim=-1, keepdim=True)
-            out = out + xlogy_divergence(ls_tail, lt_tail)
-        return out
-    raise ValueError(f"distillation estimator '{estimator}' is not one of {', '.join(ESTIMATORS)}")
-
-
-ESTIMATORS = ("full", "topk", "sampled", "jsd")
-
-
-def token_divergence(student: TokenStats, teacher: TokenStats, estimator: str = "full", *, topk: int = 20,
-                     alpha: float = 1.0) -> Tensor:
-    """Per-token divergence of the student from the teacher at every completion position.   -> [B, T]
-
-    estimator:
-      full     exact KL(student || teacher) over the vocabulary
-      topk     the student's top-k tokens plus one tail bucket, for both models (= full when k = V)
-      sampled  on the sampled token y_t only: value log p(y_t) - log q(y_t); gradient for the student
-               -(log q - log p) grad log p (the reverse-KL score-function estimator), for the teacher
-               -grad log q(y_t) (the gradient of KL(p || q) in q, with y_t ~ p)
-      jsd      generalised Jensen-Shannon with weight alpha: 1 = reverse KL, 0 = forward KL(teacher || student)
-
-    Gradients flow into whichever side's hidden states require them (detach a side to stop them). Full-
-    vocabulary estimators run chunk by chunk (see the module doc for the gradient path), so peak memory
-    holds one [B, chunk, V] block per model, never [B, T, V].
-    """
-    estimator = estimator.value if isinstance(estimator, enum.Enum) else estimator
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"algorithm.distill.alpha: {alpha} is not between 0 (forward KL) and 1 (reverse KL)")
-    if estimator == "sampled":
-        lp, lq = student.logprobs(), teacher.logprobs()  # [B, T]
-        gap = (lp - lq).detach()
-        return masked(gap + gap * (lp - lp.detach()) - (lq - lq.detach()), student.mask)
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"distillation estimator '{estimator}' is not one of {', '.join(ESTIMATORS)}")
-    parts = []
-    T = student.hidden.shape[1]
-    fn = functools.partial(_divergence_chunk, student.head, teacher.head, student.temperature, teacher.temperature,
-                           estimator, topk, alpha, student.head_dtype)
-    s_hidden, t_hidden = trained_positions(student.hidden, student.mask), trained_positions(teacher.hidden, student.mask)
-    for start in range(0, T, student.chunk):
-        sl = slice(start, min(T, start + student.chunk))
-        parts.append(per_token(fn, (student.head, teacher.head), s_hidden[:, sl], t_hidden[:, sl]))
-    return masked(torch.cat(parts, dim=1), student.mask)
-
-
-def full_reverse_kl(student: TokenStats, teacher: TokenStats) -> Tensor:
-    """Exact KL(student || teacher) over the vocabulary at every position.   -> [B, T]"""
-    return token_divergence(student, teacher, "full")

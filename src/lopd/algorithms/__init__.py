@@ -8,17 +8,15 @@ from lopd.algorithms.lopd import LOPD, LOPDText
 from lopd.algorithms.opsd import OPSD
 from lopd.algorithms.sdpo import SDPO
 from lopd.algorithms.skill_sd import SkillSD
-from lopd.config import AlgorithmName
 from lopd.errors import ConfigError
 
 REGISTRY: dict[str, type[Algorithm]] = {cls.name: cls for cls in [GRPO, OPSD, SDPO, SkillSD, LOPD, LOPDText]}
 
 
 def build_algorithm(cfg) -> Algorithm:
-    try:
-        name = AlgorithmName(cfg.algorithm.name).value
-    except ValueError:
-        raise ConfigError(f"algorithm.name: '{cfg.algorithm.name}' is not one of {', '.join(sorted(REGISTRY))}") from None
+    name = cfg.algorithm.name
+    if name not in REGISTRY:
+        raise ConfigError(f"algorithm.name: '{name}' is not one of {', '.join(sorted(REGISTRY))}")
     return REGISTRY[name](cfg)
 
 

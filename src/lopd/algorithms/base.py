@@ -2,21 +2,21 @@
 
 The training loop calls, for every rollout batch of step `step` (1-based):
 
-    ctx = algorithm.build_context(batch, step)        once (advantages, privileged contexts, retrieval)
+    ctx = algorithm.build_context(batch, step)            once (advantages, privileged contexts, retrieval)
     for each pass over the batch, each minibatch:
-        totals = algorithm.loss_totals(minibatch, ...)    each loss term's denominator (summed over ranks)
+        units = algorithm.units(minibatch, ctx)           each loss term's denominator (a mask), counted over
+                                                          the whole minibatch and every rank before any forward
         for each micro-batch (of algorithm.live_rows only, with train.skip_zero_loss_rows):
-            loss, metrics = algorithm.loss(mb, ctx_mb, student)   the student's TokenStats; the algorithm
-                                  scores its own teacher / reference, and divides each term by ctx_mb.totals:
-                                  the micro-batches' losses add up to the minibatch's, however it is split
-            ... backward
+            terms = algorithm.loss(mb, ctx_mb, student)   named `Term`s: per-unit values and their mask; the
+                                                          algorithm scores its own teachers here
+            the update: loss = sum of coef * sum(values over the mask) / count of the term's units; backward
         optimizer step; algorithm.after_step()
-    metrics |= algorithm.after_update(update_metrics)  once the batch's optimizer steps are done
-    metrics |= algorithm.remember(batch, step)         store what later batches retrieve
+    metrics |= algorithm.after_update(values)   once per batch, with every term's mean over the whole minibatch
+    metrics |= algorithm.remember(batch, step)   store what later batches retrieve
 
-and never branches on which algorithm it runs. Everything a batch needs travels in its `Context`
-(or in return values); an algorithm's own state across batches (a bank, a composer, lambda) is in
-`state_dict`, restored with the step it was saved at.
+and never branches on which algorithm it runs. Everything a batch needs travels in its `Context` (or in
+return values); an algorithm's own state across batches (a bank, a composer, lambda) is in `state_dict`,
+restored with the step it was saved at.
 """
 
 from __future__ import annotations
@@ -27,10 +27,38 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from lopd import losses
+
 if TYPE_CHECKING:
     from lopd.config import Config
     from lopd.rollout import RolloutBatch
     from lopd.tokens import TokenStats
+
+
+@dataclass
+class Term:
+    """One named quantity of a micro-batch: the mean of `values` over the units `mask` selects, taken by the
+    update over the whole minibatch (every micro-batch, every rank), so it never depends on how the minibatch
+    is split.
+
+    values: [B, T] per token, or [B] per trajectory (`losses.per_unit` turns a per-token loss into either,
+    by the configured aggregation); mask: the same shape, 1 on the units averaged over.
+    coef: the term's weight in the loss; 0 makes it a measurement (logged, and read by `after_update`).
+    units: for a loss term, the name of its denominator in `Algorithm.units` (counted before the forward, as
+    gradient accumulation needs it); the update checks that the term's masks add up to that count.
+    """
+
+    values: Tensor
+    mask: Tensor
+    coef: float = 0.0
+    units: str | None = None
+
+    def numerator(self) -> Tensor:
+        """sum of the values over the mask (differentiable; a masked inf or nan stays out)."""
+        return losses.masked(self.values, self.mask.to(self.values.dtype)).sum()
+
+    def count(self) -> float:
+        return float(self.mask.double().sum())
 
 
 @dataclass
@@ -41,13 +69,11 @@ class Context:
     """
 
     step: int = 0  # the optimizer step this batch is for (1-based)
-    advantages: Tensor | None = None  # [B]
-    texts: list[str | None] | None = None  # privileged text context for the teacher, one per trajectory
+    advantages: Tensor | None = None  # [B] group-normalised (`Algorithm.new_context`, the one place they are made)
+    privileged: list[str | None] | None = None  # the teacher's privileged context per trajectory (None: none)
     has_context: Tensor | None = None  # [B] bool: the teacher got a context (others leave the distillation)
     extra_passes: int = 0  # passes over the batch before the configured epochs (LOPD's composer-only passes)
     pass_index: int = 0  # which pass over the batch a micro-batch belongs to (set by the loop)
-    totals: dict[str, float] = field(default_factory=dict)  # each loss term's denominator over the whole
-    # minibatch (every micro-batch, every rank): set by the loop from `Algorithm.loss_totals`
     metrics: dict[str, float] = field(default_factory=dict)  # batch-level metrics (retrieval), logged once
 
     def select(self, index: Tensor) -> "Context":
@@ -70,7 +96,7 @@ class Context:
 
 
 class Algorithm:
-    """Base class; subclasses set `name` and implement `build_context` and `loss`."""
+    """Base class; subclasses set `name` and implement `build_context`, `units` and `loss`."""
 
     name: str = ""
 
@@ -83,23 +109,29 @@ class Algorithm:
         algorithm builds what it needs here (teachers, LOPD's composer and bank, Skill-SD's library)."""
         self.env = env
 
+    def new_context(self, batch: "RolloutBatch", step: int, kind: type[Context] = Context, **values) -> Context:
+        """A batch's context with its group-normalised advantages: every algorithm's contexts start here."""
+        pg = self.cfg.algorithm.pg
+        advantages = losses.group_advantages(batch.rewards, batch.group, pg.normalize_std)
+        return kind(step=step, advantages=advantages, **values)
+
     def build_context(self, batch: "RolloutBatch", step: int) -> Context:
         raise NotImplementedError
 
-    def loss(self, batch: "RolloutBatch", ctx: Context, student: "TokenStats") -> tuple[Tensor, dict[str, float]]:
-        raise NotImplementedError
-
-    def loss_totals(self, batch: "RolloutBatch", ctx: Context) -> dict[str, float]:
-        """Each loss term's denominator counted over `batch`, this rank's rows of one minibatch
-        (`losses.aggregate_count`). The loop sums it over the ranks and hands it to every micro-batch as
-        `ctx.totals`; `loss` divides each term by it, so the micro-batches' losses add up to the
-        minibatch's exactly, however it is split into micro-batches and ranks."""
+    def units(self, batch: "RolloutBatch", ctx: Context) -> dict[str, Tensor]:
+        """Each loss term's units over `batch` (this rank's rows of one minibatch), by name: the masks whose
+        counts the update divides the terms by (`Term.units`), computed without a forward. The update sums
+        their counts over the ranks before the first micro-batch, so the micro-batches' losses add up to the
+        minibatch's exactly, however it is split."""
         return {}
+
+    def loss(self, batch: "RolloutBatch", ctx: Context, student: "TokenStats") -> dict[str, Term]:
+        """This micro-batch's terms by metric name ("loss/pg", "context/teacher_gain_success", ...)."""
+        raise NotImplementedError
 
     def live_rows(self, batch: "RolloutBatch", ctx: Context) -> Tensor:
         """[B] bool: the rows on which some loss term can be non-zero. With `train.skip_zero_loss_rows` the
-        others are not forwarded (their terms are exactly 0; `loss_totals` still counts them). Default:
-        every row."""
+        others are not forwarded (their terms are exactly 0; `units` still counts them). Default: every row."""
         return torch.ones(len(batch), dtype=torch.bool)
 
     def kept_prompt_lengths(self, batch: "RolloutBatch", ctx: Context) -> Tensor:
@@ -114,9 +146,9 @@ class Algorithm:
     def after_step(self) -> None:
         """Called after every optimizer step (an EMA teacher moves here)."""
 
-    def after_update(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Called once per batch after its optimizer steps, with the update's averaged metrics (LOPD's dual
-        ascent on lambda reads its constraint from them). Returns metrics to log."""
+    def after_update(self, values: dict[str, float]) -> dict[str, float]:
+        """Called once per batch after its optimizer steps, with every term's mean over the whole minibatch
+        (averaged over the passes): LOPD's dual ascent reads its constraint here. Returns metrics to log."""
         return {}
 
     def remember(self, batch: "RolloutBatch", step: int) -> dict[str, float]:
@@ -131,8 +163,13 @@ class Algorithm:
         """Restore the state saved at `step` (anything written after it is about to be redone)."""
 
 
-def mean_of(x: Tensor, mask: Tensor) -> float:
-    """The mean of x over the set entries of mask (a metric)."""
-    from lopd.losses import masked
+def measured(values: Tensor, mask: Tensor) -> Term:
+    """A measurement: the mean of `values` over `mask`, logged, not trained."""
+    return Term(values.detach(), mask)
 
-    return float(masked(x, mask).sum() / mask.sum().clamp(min=1)) if x.numel() else 0.0
+
+def rows(values: Tensor | float, like: Tensor) -> Term:
+    """A per-trajectory measurement over every row of the micro-batch (`like`: any [B, ...] tensor)."""
+    values = torch.as_tensor(values, dtype=torch.float64, device=like.device)
+    return measured(values.expand(len(like)) if values.ndim == 0 else values.double(),
+                    torch.ones(len(like), dtype=torch.float64, device=like.device))

@@ -3,8 +3,8 @@
 The student samples; the self-teacher (same backbone; frozen, EMA or live weights) re-scores every
 visited prefix with a privileged context in its prompt; the student is pulled toward it token by token:
     loss = coef * aggregate_t D(pi_student(.|x, y<t) || sg pi_teacher(.|c, x, y<t))  [+ pg_weight * GRPO]
-with D one of the estimators of `tokens.token_divergence`. A text method only says what the context c
-is (`contexts`). Trajectories whose teacher got no context are left out of the distillation term
+with D one of the estimators of `losses.token_divergence`. A text method only says what the context c
+is (`privileged_contexts`). Trajectories whose teacher got no context are left out of the distillation term
 (`mask_without_context`).
 """
 
@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 
 from lopd import losses
-from lopd.algorithms.base import Algorithm, Context, mean_of
-from lopd.algorithms.grpo import grpo_loss, policy_live, policy_total, reference_for
+from lopd.algorithms.base import Algorithm, Context, Term, measured, rows
+from lopd.algorithms.grpo import initial_policy, policy_live, policy_terms, policy_units
 from lopd.config import head_dtype_of
 from lopd.teacher import build_teacher
-from lopd.tokens import TokenStats, token_divergence
+from lopd.tokens import TokenStats
 
 
 class SelfDistillation(Algorithm):
@@ -27,21 +27,19 @@ class SelfDistillation(Algorithm):
         self.tokenizer = tokenizer
         self.teacher = build_teacher(d.teacher, policy, ema_rate=d.ema_rate, tokenizer=tokenizer,
                                      temperature=self.cfg.rollout.temperature, head_dtype=head_dtype_of(self.cfg))
-        self.reference = reference_for(self.cfg, policy, tokenizer) if self.needs_reference() else None
+        self.initial_policy = initial_policy(self.cfg, policy, tokenizer) if self.needs_initial_policy() else None
 
-    def needs_reference(self) -> bool:
-        """The frozen initial model is scored too (the hybrid's reference KL; LOPD's Delta)."""
+    def needs_initial_policy(self) -> bool:
+        """pi_0, the frozen initial model, is scored too (the hybrid's reference KL; LOPD's Delta)."""
         return self.cfg.algorithm.distill.pg_weight > 0 and self.cfg.algorithm.pg.kl_coef > 0
 
-    def contexts(self, batch, step: int) -> list[str | None]:
+    def privileged_contexts(self, batch, step: int) -> list[str | None]:
         """The teacher's privileged context for every trajectory (None: no context)."""
         raise NotImplementedError
 
     def build_context(self, batch, step) -> Context:
-        pg = self.cfg.algorithm.pg
-        texts = self.contexts(batch, step)
-        return Context(step=step, advantages=losses.group_advantages(batch.rewards, batch.group, pg.normalize_std),
-                       texts=texts, has_context=torch.tensor([c is not None for c in texts]))
+        texts = self.privileged_contexts(batch, step)
+        return self.new_context(batch, step, privileged=texts, has_context=torch.tensor([c is not None for c in texts]))
 
     def distilled(self, mask: torch.Tensor, has_context: torch.Tensor) -> torch.Tensor:
         """The distillation term's mask: the trained tokens, of trajectories whose teacher got a context
@@ -49,12 +47,12 @@ class SelfDistillation(Algorithm):
         has_context = has_context.to(mask.device, mask.dtype)
         return mask * has_context[:, None] if self.cfg.algorithm.distill.mask_without_context else mask
 
-    def loss_totals(self, batch, ctx):
-        totals = {"distill": losses.aggregate_count(self.distilled(batch.completion_mask, ctx.has_context),
-                                                    self.cfg.algorithm.aggregation)}
+    def units(self, batch, ctx):
+        units = {"distill": losses.per_unit(batch.completion_mask, self.distilled(batch.completion_mask, ctx.has_context),
+                                            self.cfg.algorithm.aggregation)[1]}
         if self.cfg.algorithm.distill.pg_weight > 0:
-            totals["policy"] = policy_total(self.cfg, batch)
-        return totals
+            units["policy"] = policy_units(self.cfg, batch.completion_mask)
+        return units
 
     def live_rows(self, batch, ctx):
         live = self.distilled(batch.completion_mask, ctx.has_context).sum(-1) > 0  # [B]
@@ -63,10 +61,10 @@ class SelfDistillation(Algorithm):
     def teacher_stats(self, batch, ctx: Context) -> TokenStats:
         """The teacher's view of the batch under its context (no gradient for text contexts)."""
         with torch.no_grad():
-            return self.teacher.score(batch, ctx.texts)
+            return self.teacher.score(batch, ctx.privileged)
 
     def loss(self, batch, ctx: Context, student):
-        return self.distill_loss(batch, ctx, student, self.teacher_stats(batch, ctx))
+        return self.distill_terms(batch, ctx, student, self.teacher_stats(batch, ctx))
 
     def trains_student(self, ctx: Context) -> bool:
         """Whether this pass moves the student (LOPD's composer-only passes do not)."""
@@ -76,26 +74,28 @@ class SelfDistillation(Algorithm):
         """The teacher as the divergence sees it: detached (LOPD lets a scaled gradient reach its composer)."""
         return teacher.detached()
 
-    def distill_loss(self, batch, ctx: Context, student: TokenStats, teacher: TokenStats):
-        d, agg = self.cfg.algorithm.distill, self.cfg.algorithm.aggregation
+    def distill_terms(self, batch, ctx: Context, student: TokenStats, teacher: TokenStats) -> dict[str, Term]:
+        """coef * D(student || teacher) over the distilled tokens (+ pg_weight * GRPO), and what the context
+        does to the likelihood of the student's own tokens (the teacher's gain, on successes and failures)."""
+        d = self.cfg.algorithm.distill
         has_context = ctx.has_context.to(student.mask.device, student.mask.dtype)  # [B]
         mask = self.distilled(student.mask, has_context)  # [B, T]
         trained = self.trains_student(ctx)
-        per_token = token_divergence(student if trained else student.detached(), self.teacher_side(teacher),
-                                     d.estimator, topk=d.topk, alpha=d.alpha)  # [B, T]
-        loss = d.coef * losses.aggregate(per_token, mask, agg, ctx.totals.get("distill"))
+        per_token = losses.token_divergence(student if trained else student.detached(), self.teacher_side(teacher),
+                                            d.estimator, topk=d.topk, alpha=d.alpha)  # [B, T]
         with torch.no_grad():  # how much the context raises the likelihood of what the student sampled
-            gain = teacher.logprobs() - student.logprobs()  # [B, T]
+            teacher_lp = teacher.logprobs()  # [B, T]
+            gain = losses.floor_impossible(teacher_lp, student.logprobs()) - student.logprobs()
         success = batch.success.to(mask.device, mask.dtype)[:, None]
-        metrics = {"loss/distill": losses.aggregate(per_token.detach(), mask, agg).item(), "context/coverage": float(has_context.mean()),
-                   "context/teacher_gain_success": mean_of(gain, student.mask * success),
-                   "context/teacher_gain_failure": mean_of(gain, student.mask * (1 - success))}
+        terms = {"loss/distill": Term(*losses.per_unit(per_token, mask, self.cfg.algorithm.aggregation),
+                                      coef=d.coef, units="distill"),
+                 "context/coverage": rows(has_context, has_context),
+                 "context/teacher_gain_success": measured(gain, student.mask * success),
+                 "context/teacher_gain_failure": measured(gain, student.mask * (1 - success)),
+                 "health/teacher_impossible": measured(losses.impossible(teacher_lp, mask), mask)}
         if d.pg_weight > 0 and trained:
-            pg, pg_metrics = grpo_loss(self.cfg, batch, ctx.advantages, student, self.reference,
-                                       total=ctx.totals.get("policy"))
-            loss = loss + d.pg_weight * pg
-            metrics.update(pg_metrics)
-        return loss, metrics
+            terms.update(policy_terms(self.cfg, batch, ctx.advantages, student, self.initial_policy, weight=d.pg_weight))
+        return terms
 
     def after_step(self) -> None:
         self.teacher.after_step()

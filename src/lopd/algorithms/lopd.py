@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from lopd import losses
-from lopd.algorithms.base import Context, mean_of
+from lopd.algorithms.base import Context, Term, measured, rows
 from lopd.algorithms.distill import SelfDistillation
 from lopd.config import ComposerObjective
 from lopd.latent.composer import Composer, slot_cosine
@@ -61,14 +61,13 @@ class RetrievalMixin:
     """Retrieval from the experience bank before the update, remembering after it (LOPD and lopd_text)."""
 
     def setup_memory(self, run) -> None:
-        self.memory = ExperienceMemory(self.cfg, run, self.reference or self.teacher, self.tokenizer)
+        self.memory = ExperienceMemory(self.cfg, run, self.initial_policy or self.teacher, self.tokenizer)
 
     def retrieve(self, batch, step: int) -> RetrievalContext:
         found = self.memory.retrieve(batch, step)
         texts = [experiences_as_text(self.memory.bank, ids) for ids in found.index]
-        pg = self.cfg.algorithm.pg
-        return RetrievalContext(step=step, advantages=losses.group_advantages(batch.rewards, batch.group, pg.normalize_std),
-                                texts=texts, has_context=torch.tensor([t is not None for t in texts]),
+        return self.new_context(batch, step, RetrievalContext, privileged=texts,
+                                has_context=torch.tensor([t is not None for t in texts]),
                                 metrics=self.memory.metrics(batch, found), retrieved=found.index,
                                 similarity=found.similarity)
 
@@ -84,15 +83,15 @@ class RetrievalMixin:
 class LOPD(RetrievalMixin, SelfDistillation):
     name = "lopd"
 
-    def needs_reference(self) -> bool:
+    def needs_initial_policy(self) -> bool:
         return True  # pi_0, the context-free frozen model, for Delta
 
     def setup(self, **runtime) -> None:
         super().setup(**runtime)
         c = self.cfg.algorithm.lopd
         self.setup_memory(runtime.get("run"))
-        self.encoder = ExperienceEncoder(self.reference, self.tokenizer, c.max_experience_tokens, c.cache_entries)
-        with self.reference.active() as model:
+        self.encoder = ExperienceEncoder(self.initial_policy, self.tokenizer, c.max_experience_tokens, c.cache_entries)
+        with self.initial_policy.active() as model:
             emb = model.get_input_embeddings().weight.detach()
             hidden = model.config.hidden_size
         filler_id = self.tokenizer("\n", add_special_tokens=False)["input_ids"][0]
@@ -115,11 +114,10 @@ class LOPD(RetrievalMixin, SelfDistillation):
             return prompt[None]
         return torch.stack([prompt, prompt + self.cfg.algorithm.lopd.latent_tokens])
 
-    def loss_totals(self, batch, ctx: RetrievalContext) -> dict[str, float]:
-        """The distillation's and policy gradient's denominators, and the composer's privilege terms': the
+    def units(self, batch, ctx: RetrievalContext) -> dict[str, torch.Tensor]:
+        """The distillation's and policy gradient's units, and the composer's privilege terms': the
         trajectories they constrain (A != 0, with a context)."""
-        return {**super().loss_totals(batch, ctx),
-                "privilege": float(losses.constrained(ctx.advantages, ctx.has_context).sum())}
+        return {**super().units(batch, ctx), "privilege": losses.constrained(ctx.advantages, ctx.has_context).float()}
 
     def param_groups(self) -> list[dict]:
         params = [p for p in self.composer.parameters() if p.requires_grad]
@@ -132,10 +130,8 @@ class LOPD(RetrievalMixin, SelfDistillation):
         if c.retrieve:
             ctx = self.retrieve(batch, step)
         else:  # a learned task-independent context for every trajectory, where a text context would stand
-            pg = self.cfg.algorithm.pg
-            ctx = RetrievalContext(step=step, advantages=losses.group_advantages(batch.rewards, batch.group,
-                                                                                 pg.normalize_std),
-                                   texts=[PLACEHOLDER] * len(batch), has_context=torch.ones(len(batch), dtype=torch.bool))
+            ctx = self.new_context(batch, step, RetrievalContext, privileged=[PLACEHOLDER] * len(batch),
+                                   has_context=torch.ones(len(batch), dtype=torch.bool))
         ctx.extra_passes = c.composer_passes
         return ctx
 
@@ -153,7 +149,7 @@ class LOPD(RetrievalMixin, SelfDistillation):
                 prompt, start, end = context_span(self.tokenizer, task.messages, text)
                 span = prompt[start:end][:K]
                 ids[b, :len(span)], present[b, :len(span)] = torch.tensor(span, dtype=torch.long), True
-        with self.reference.active() as model:
+        with self.initial_policy.active() as model:
             table = model.get_input_embeddings()
             return table(ids.to(table.weight.device)).detach() * present.to(table.weight.device)[..., None]
 
@@ -163,7 +159,7 @@ class LOPD(RetrievalMixin, SelfDistillation):
         under the slots (`tokens_under_slots`), read by a composer with token queries."""
         device = self.composer.queries.device
         if not self.cfg.algorithm.lopd.retrieve:
-            return self.composer(batch=len(ctx.texts))
+            return self.composer(batch=len(ctx.privileged))
         rows = self.encoder.encode(self.memory.bank, ctx.retrieved)  # [b][k] of [L, 2H]
         width = max([sum(len(h) for h in r) for r in rows] + [1])
         memory = torch.zeros(len(rows), width, self.composer.inp.in_features, device=device)  # [b, M, 2H]
@@ -178,27 +174,27 @@ class LOPD(RetrievalMixin, SelfDistillation):
                 at += len(h)
         return self.composer(memory, pad, success, attention=attention, under=under)
 
-    def latent_teacher(self, batch, ctx: RetrievalContext) -> tuple[TokenStats, dict[str, float]]:
-        """The teacher reading the composer's slots (gradient open back to the composer), and slot metrics."""
+    def latent_teacher(self, batch, ctx: RetrievalContext) -> tuple[TokenStats, dict[str, Term]]:
+        """The teacher reading the composer's slots (gradient open back to the composer), and the slots'
+        measurements."""
         c = self.cfg.algorithm.lopd
-        under = self.tokens_under_slots(batch.tasks, ctx.texts) if self.composer.token_in is not None else None
+        under = self.tokens_under_slots(batch.tasks, ctx.privileged) if self.composer.token_in is not None else None
         values = self.compose(ctx, under=under)  # [b, K, H]
         slots = LatentSlots(values, over_context=self.composer.copy_tokens, position=c.position)
         with torch.set_grad_enabled(values.requires_grad):
-            teacher, length = self.teacher.score_latent(batch, ctx.texts, slots,
+            teacher, length = self.teacher.score_latent(batch, ctx.privileged, slots,
                                                         checkpoint_layers=c.checkpoint_teacher and values.requires_grad)
-        used = ctx.has_context.to(length.device)
-        metrics = {"context/latent_norm": float(values.detach().norm(dim=-1).mean()),
-                   "context/context_tokens": float(length[used].float().mean()) if used.any() else 0.0,
-                   "context/context_truncated": float((length[used] >= c.latent_tokens).float().mean())
-                   if used.any() else 0.0}
+        used = ctx.has_context.to(length.device).double()
+        metrics = {"context/latent_norm": rows(values.detach().norm(dim=-1).mean(-1), values),
+                   "context/context_tokens": measured(length.double(), used),
+                   "context/context_truncated": measured((length >= c.latent_tokens).double(), used)}
         K = values.shape[1]
         present = (torch.arange(K)[None] < length[:, None] if self.composer.copy_tokens
                    else torch.ones(len(length), K, dtype=torch.bool)) & ctx.has_context.cpu()[:, None]  # [b, K]
         added = values if self.composer.copy_tokens else values - self.composer.filler
-        alike = slot_cosine(added, present.to(values.device))  # [b]
-        if not alike.isnan().all():  # (the gate at exactly 0 adds nothing: no direction to compare)
-            metrics["context/slot_cosine"] = float(alike.nanmean())
+        alike = slot_cosine(added, present.to(values.device))  # [b], NaN where no direction to compare (gate 0)
+        if not alike.isnan().all():
+            metrics["context/slot_cosine"] = measured(alike, (~alike.isnan()).double())
         return teacher, metrics
 
     # ------------------------------------------------------------------ losses
@@ -217,42 +213,37 @@ class LOPD(RetrievalMixin, SelfDistillation):
 
     def loss(self, batch, ctx: RetrievalContext, student):
         with torch.no_grad():
-            reference = self.reference.score(batch)  # pi_0: the context-free frozen model
-        teacher, slot_metrics = self.latent_teacher(batch, ctx)
-        loss, metrics = self.distill_loss(batch, ctx, student, teacher)
-        composer, composer_metrics = self.composer_loss(batch, ctx, student, teacher, reference)
-        return loss + composer, {**metrics, **composer_metrics, **slot_metrics}
+            initial = self.initial_policy.score(batch)  # pi_0: the context-free frozen model
+        teacher, slot_terms = self.latent_teacher(batch, ctx)
+        terms = self.distill_terms(batch, ctx, student, teacher)
+        return {**terms, **self.composer_terms(batch, ctx, student, teacher, initial), **slot_terms}
 
-    def composer_loss(self, batch, ctx: RetrievalContext, student: TokenStats, teacher: TokenStats,
-                      reference: TokenStats):
+    def composer_terms(self, batch, ctx: RetrievalContext, student: TokenStats, teacher: TokenStats,
+                       initial: TokenStats) -> dict[str, Term]:
         """The composer's privilege terms on Delta (its KL term rides on `teacher_side`), over the
-        trajectories whose teacher got a context."""
+        trajectories whose teacher got a context and whose advantage is not 0 (the "privilege" units)."""
         c = self.cfg.algorithm.lopd
-        delta = losses.sequence_mean(teacher.logprobs() - reference.logprobs().detach(), student.mask)  # [B]
+        delta = losses.sequence_mean(teacher.logprobs() - initial.logprobs().detach(), student.mask)  # [B]
         adv = ctx.advantages.to(delta.device)
         active = ctx.has_context.to(delta.device)
-        total = ctx.totals.get("privilege")
-        hinge, slack = losses.privileged_margin(delta, adv, c.margin, active, total)
-        priv = losses.privilege(delta, adv, active, total)
-        loss = self.lam * hinge
-        if ComposerObjective(c.objective) is ComposerObjective.privilege:
-            loss = loss - c.privilege_weight * priv
-        use = losses.constrained(adv, active).to(delta.dtype)
-        success = batch.success.to(delta.device) & active
-        failure = ~batch.success.to(delta.device) & active
-        metrics = {"loss/margin": float(losses.privileged_margin(delta.detach(), adv, c.margin, active)[0]),
-                   "context/privilege": float(losses.privilege(delta.detach(), adv, active)),
-                   "context/constraint": mean_of(slack.detach(), use),
-                   "context/delta_success": float(delta[success].mean().detach()) if success.any() else 0.0,
-                   "context/delta_failure": float(delta[failure].mean().detach()) if failure.any() else 0.0,
-                   "context/margin_violation": mean_of((slack.detach() > 0).float(), use),
-                   "context/lambda": self.lam, "context/gate": float(torch.tanh(self.composer.gate.detach()))}
-        return loss, metrics
+        use = losses.constrained(adv, active).to(delta.dtype)  # [B]
+        slack = c.margin - adv * delta  # [B] the hinge's argument: m - A * Delta
+        priv_coef = -c.privilege_weight if c.objective is ComposerObjective.privilege else 0.0
+        success = (batch.success.to(delta.device) & active).to(delta.dtype)
+        failure = (~batch.success.to(delta.device) & active).to(delta.dtype)
+        return {"loss/margin": Term(torch.relu(slack), use, coef=self.lam, units="privilege"),
+                "context/privilege": Term(adv * delta, use, coef=priv_coef, units="privilege"),
+                "context/constraint": measured(slack, use),
+                "context/delta_success": measured(delta, success),
+                "context/delta_failure": measured(delta, failure),
+                "context/margin_violation": measured((slack > 0).float(), use),
+                "context/gate": rows(torch.tanh(self.composer.gate.detach()), delta)}
 
-    def after_update(self, metrics):
+    def after_update(self, values):
+        """Dual ascent on lambda, on the constraint's mean over the whole minibatch (every micro-batch, every rank)."""
         c = self.cfg.algorithm.lopd
-        if c.dual_lr > 0 and "context/constraint" in metrics:
-            self.lam = max(0.0, self.lam + c.dual_lr * metrics["context/constraint"])
+        if c.dual_lr > 0 and "context/constraint" in values:
+            self.lam = max(0.0, self.lam + c.dual_lr * values["context/constraint"])
         return {"context/lambda": self.lam}
 
     def state_dict(self) -> dict:

@@ -15,5 +15,5 @@ from lopd.prompts import context_reference
 class OPSD(SelfDistillation):
     name = "opsd"
 
-    def contexts(self, batch, step):
+    def privileged_contexts(self, batch, step):
         return [context_reference(self.env.reference(task)) for task in batch.tasks]

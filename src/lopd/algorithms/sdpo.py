@@ -19,7 +19,7 @@ from lopd.prompts import context_examples, context_feedback, join_contexts
 class SDPO(SelfDistillation):
     name = "sdpo"
 
-    def contexts(self, batch, step):
+    def privileged_contexts(self, batch, step):
         s = self.cfg.algorithm.sdpo
         success = batch.success.tolist()
         group = batch.group.tolist()
@@ -35,7 +35,7 @@ class SDPO(SelfDistillation):
             others = [j for j in wins if j != i]
             demo = others[0] if others else (i if s.reprompt_lone_success else None)
             request = batch.tasks[i].meta.get("request") or batch.tasks[i].messages[-1]["content"]
-            feedback = context_feedback(batch.feedback[i], batch.texts[i]) if s.feedback else None
-            example = context_examples([(request, batch.texts[demo])]) if s.demonstration and demo is not None else None
+            feedback = context_feedback(batch.feedback[i], batch.completions[i]) if s.feedback else None
+            example = context_examples([(request, batch.completions[demo])]) if s.demonstration and demo is not None else None
             out.append(join_contexts(feedback, example) if example is not None or not s.demonstration else None)
         return out

@@ -39,13 +39,13 @@ class SkillSD(SelfDistillation):
     def setup(self, **runtime) -> None:
         super().setup(**runtime)
         r = self.cfg.algorithm.retrieval
-        self.embedder = build_embedder(r.embedder, r.embedder_path, self.reference or self.teacher, self.tokenizer)
+        self.embedder = build_embedder(r.embedder, r.embedder_path, self.initial_policy or self.teacher, self.tokenizer)
         run = runtime.get("run")
-        folder = run.path / "skills" if run is not None else None
+        folder = run.skills_dir if run is not None else None
         self.library = ExperienceBank(self.embedder.dim, folder, capacity=self.cfg.algorithm.skill.capacity,
                                       readonly=run is not None and not run.writer)
 
-    def contexts(self, batch, step):
+    def privileged_contexts(self, batch, step):
         k = self.cfg.algorithm.skill
         texts = [task_text(t) for t in batch.tasks]
         unique = list(dict.fromkeys(texts))
@@ -57,7 +57,7 @@ class SkillSD(SelfDistillation):
         known = {e.trajectory for e in self.library.entries}
         new: list[Experience] = []
         wins = [i for i, ok in enumerate(batch.success.tolist()) if ok]
-        skills = self._extract([batch.tasks[i] for i in wins], [batch.texts[i] for i in wins])
+        skills = self._extract([batch.tasks[i] for i in wins], [batch.completions[i] for i in wins])
         for i, skill in zip(wins, skills):
             if skill and skill not in known:
                 known.add(skill)
@@ -69,7 +69,7 @@ class SkillSD(SelfDistillation):
         return {"context/skills": float(self.library.size), "context/new_skills": float(len(new))}
 
     def _extract(self, tasks, completions) -> list[str]:
-        if SkillExtractor(self.cfg.algorithm.skill.extractor) is SkillExtractor.rule:
+        if self.cfg.algorithm.skill.extractor is SkillExtractor.rule:
             return [rule_skill(c) for c in completions]
         from lopd.rollout import sample
 
@@ -80,7 +80,7 @@ class SkillSD(SelfDistillation):
             return []
         with self.teacher.active() as model:
             out = sample(model, tok, prompts, temperature=0.0, max_new_tokens=48)
-        return [t.strip().splitlines()[0] if t.strip() else "" for t in out.texts]
+        return [t.strip().splitlines()[0] if t.strip() else "" for t in out.completions]
 
     def load_state_dict(self, state, step):
         super().load_state_dict(state, step)

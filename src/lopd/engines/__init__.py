@@ -1,15 +1,38 @@
-"""Rollout engines other than Hugging Face `generate` (`lopd.rollout.sample`).
+"""Rollout engines: what draws a step's training rollouts (`rollout.engine`). The loop only calls
 
-`lopd.engines.vllm`: a vLLM server (started here or pointed to by URL) sampling the policy through its
-OpenAI-compatible completions endpoint, with LoRA / full-weight sync and a check that it samples the
-current policy. The client needs only the standard library and torch; vLLM itself runs in the server's
-own interpreter (`scripts/setup_vllm_venv.sh` builds `.venv-vllm`), so nothing here imports `vllm`.
-`RolloutSync` is what the training loop uses (`rollout.engine: vllm`).
+    batch, metrics = engine.rollouts(model, tasks, timer, seeds=..., first_group=...)
+    engine.close()
+
+`HFGenerate` (hf, the default) samples with Hugging Face `generate` in the trainer's process
+(`lopd.rollout.collect`). `RolloutSync` (vllm): a vLLM server (started here or pointed to by URL,
+`lopd.engines.vllm`) sampling the policy through its OpenAI-compatible completions endpoint, with LoRA /
+full-weight sync and a check that it samples the current policy; its own phases (`sync`, `correct`) are
+timed inside `rollouts`. The client needs only the standard library and torch; vLLM itself runs in the
+server's own interpreter (`scripts/setup_vllm_venv.sh` builds `.venv-vllm`), so nothing here imports `vllm`.
 """
 
 from __future__ import annotations
 
 import torch
+
+from lopd.config import RolloutEngine, head_dtype_of
+from lopd.models import is_lora
+from lopd.rollout import collect
+
+
+class HFGenerate:
+    """Rollouts by Hugging Face `generate` on the trainer's own model (`rollout.engine: hf`)."""
+
+    def __init__(self, cfg, tokenizer, env):
+        self.cfg, self.tokenizer, self.env = cfg, tokenizer, env
+
+    def rollouts(self, model, tasks, timer, *, seeds=None, first_group: int = 0):
+        """The step's rollouts of `tasks` (`rollout.collect`) and the engine's metrics (none)."""
+        return collect(model, self.tokenizer, self.env, tasks, self.cfg.rollout, timer, seeds=seeds,
+                       first_group=first_group), {}
+
+    def close(self) -> None:
+        pass
 
 
 class RolloutSync:
@@ -19,12 +42,11 @@ class RolloutSync:
     tokens replace the sampler's (the PPO ratio's denominator), and truncated importance weights
     min(pi_trainer / pi_sampler, is_cap) weight GRPO's per-token loss, since the two no longer agree exactly."""
 
-    def __init__(self, cfg, model, tokenizer, model_folder: str):
+    def __init__(self, cfg, model, tokenizer, env, model_folder: str, probe_ids: list[int]):
         from lopd.engines.vllm import VLLMEngine, VLLMServer, vllm_python
-        from lopd.teacher import is_lora
 
         r = cfg.rollout
-        self.cfg, self.tokenizer, self.syncs = cfg, tokenizer, 0
+        self.cfg, self.tokenizer, self.env, self.syncs, self.probe_ids = cfg, tokenizer, env, 0, probe_ids
         if r.vllm_url:
             self.engine = VLLMEngine(VLLMServer.connect(r.vllm_url), tokenizer)
         else:
@@ -34,6 +56,16 @@ class RolloutSync:
                                             max_lora_rank=max(lora.r, 8), full_weight_sync=not is_lora(model),
                                             seed=cfg.train.seed, max_model_len=4096)
         self.probe: list[int] | None = None
+
+    def rollouts(self, model, tasks, timer, *, seeds=None, first_group: int = 0):
+        """Sync the server to `model`, sample `tasks` through it, then correct the sampler's log-probs."""
+        with timer("sync"):
+            metrics = self.sync(model, self.probe_ids)
+        batch = collect(model, self.tokenizer, self.env, tasks, self.cfg.rollout, timer, seeds=seeds,
+                        first_group=first_group, sampler=self.sample)
+        with timer("correct"):
+            metrics.update(self.correct(model, batch, self.cfg.train.micro_batch_size or 16, head_dtype_of(self.cfg)))
+        return batch, metrics
 
     def sample(self, *args, **kwargs):
         return self.engine.sample(*args, **kwargs)
@@ -77,11 +109,11 @@ class RolloutSync:
         self.engine.close()
 
 
-def rollout_engine(cfg, model, tokenizer):
-    """None for `rollout.engine: hf` (the loop samples with HF generate), else a `RolloutSync`."""
-    from lopd.config import RolloutEngine
+def rollout_engine(cfg, model, tokenizer, env, probe_ids: list[int]) -> HFGenerate | RolloutSync:
+    """The configured engine (`rollout.engine`); `probe_ids`: a fixed prompt whose log-probs check that a
+    server samples the current policy."""
     from lopd.models import resolve_model
 
-    if RolloutEngine(cfg.rollout.engine) is RolloutEngine.hf:
-        return None
-    return RolloutSync(cfg, model, tokenizer, str(resolve_model(cfg.model.name)))
+    if cfg.rollout.engine == RolloutEngine.hf:
+        return HFGenerate(cfg, tokenizer, env)
+    return RolloutSync(cfg, model, tokenizer, env, str(resolve_model(cfg.model.name)), probe_ids)

@@ -59,6 +59,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
+from lopd.models import is_lora
 from lopd.rollout import Samples, left_pad
 from lopd.engines.vllm_server import (  # noqa: F401  (re-exported: the engine's public names)
     DEFAULT_ADAPTER, DTYPES, LAUNCHERS, REPO_VENV_PYTHON, StaleWeightsError, SyncError, VLLMError, VLLMRequestError,
@@ -105,7 +106,7 @@ def samples_from_completions(prompts: Sequence[Sequence[int]], choices: Sequence
     completion mask covers the tokens up to and including the first EOS (tokens after it are dropped);
     a choice that ended with finish_reason "stop" on a token not in `eos_token_ids` (the server's own EOS
     list) ends there too. `truncated`: no EOS (max_new_tokens reached). Prompts are left-padded,
-    completions right-padded with `pad_token_id`, log-probs 0 on padding; texts = decode(masked ids).
+    completions right-padded with `pad_token_id`, log-probs 0 on padding; completions = decode(masked ids).
     """
     if len(prompts) != len(choices):
         raise VLLMError(f"{len(prompts)} prompts but {len(choices)} completions")
@@ -139,7 +140,7 @@ def samples_from_completions(prompts: Sequence[Sequence[int]], choices: Sequence
         sampler_logprobs[i, :n] = torch.tensor(lps, dtype=torch.float32)
     return Samples(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
                    completion_mask=completion_mask, sampler_logprobs=sampler_logprobs,
-                   texts=[decode(ids) for ids, _, _ in rows], truncated=torch.tensor([r[2] for r in rows],
+                   completions=[decode(ids) for ids, _, _ in rows], truncated=torch.tensor([r[2] for r in rows],
                                                                                      dtype=torch.bool))
 
 
@@ -167,10 +168,6 @@ def trainer_prompt_logprobs(model, ids: Sequence[int]) -> Tensor:
     out = torch.log_softmax(logits, -1).gather(-1, x[0, 1:, None])[:, 0].cpu()
     model.train(was_training)
     return out
-
-
-def _is_lora(model) -> bool:
-    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
 
 
 def save_full_weights(model, folder: str | Path) -> Path:
@@ -387,7 +384,7 @@ class VLLMEngine:
     def sync(self, model) -> Path:
         """Push the trainer's current weights: the adapter of a peft LoRA model, all weights otherwise.
         Returns the folder they were written to."""
-        return self.sync_lora(model) if _is_lora(model) else self.sync_full(model)
+        return self.sync_lora(model) if is_lora(model) else self.sync_full(model)
 
     def sync_lora(self, model) -> Path:
         """Save the adapter to a new folder and hot-load it under `adapter_name` (load_inplace); requests

@@ -12,7 +12,6 @@ train/test split (`hash_split`), config checks, and two pieces of call checking 
 from __future__ import annotations
 
 import ast
-import enum
 import hashlib
 import json
 import math
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Hashable, Iterable, Literal, Protocol, Sequence, overload, runtime_checkable
 
+from lopd.choices import Choice
 from lopd.errors import ConfigError, DataError
 
 
@@ -126,15 +126,14 @@ def hash_split(ids: Iterable[str], seed: int, fraction: float, *, salt: str,
     return train
 
 
-class ScoringMode(str, enum.Enum):
+class ScoringMode(Choice):
     official = "official"  # the benchmark's released evaluator's verdict, quirks included
     strict = "strict"  # exact values after documented normalisation (the training reward)
 
 
 def check_mode_and_fraction(env: str, mode: str, modes: Sequence[str], train_fraction: float) -> str:
-    """The mode as a plain string, if it is one of `modes` and 0 <= `train_fraction` <= 1; ConfigError naming
-    the key `env.<env>.*` otherwise."""
-    mode = mode.value if isinstance(mode, enum.Enum) else mode
+    """The mode, if it is one of `modes` and 0 <= `train_fraction` <= 1; ConfigError naming the key
+    `env.<env>.*` otherwise."""
     if mode not in modes:
         raise ConfigError(f"env.{env}.mode: '{mode}' is not one of {', '.join(modes)}")
     if not 0.0 <= train_fraction <= 1.0:

@@ -18,13 +18,13 @@ example, to teach the bundled tiny policy the call format without teaching it an
 
 from __future__ import annotations
 
-import enum
 import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from lopd.choices import Choice
 from lopd.envs.base import DataError, Score, Task, read_jsonl
 from lopd.envs.calls import Call, ParseFailure, parse_calls, render_calls
 from lopd.errors import ConfigError
@@ -37,7 +37,7 @@ SPLITS = ("train", "val", "test", "transfer")
 REWARD_MODES = ("binary", "partial")
 
 
-class RewardMode(str, enum.Enum):
+class RewardMode(Choice):
     binary = "binary"  # 1 if the call is right, else 0
     partial = "partial"  # the fraction of right arguments
 
@@ -254,7 +254,7 @@ class ToolWorld:
 
     def __init__(self, config: ToolWorldConfig | None = None):
         self.config = config or ToolWorldConfig()
-        reward = self.config.reward.value if isinstance(self.config.reward, enum.Enum) else self.config.reward
+        reward = self.config.reward
         if reward not in REWARD_MODES:
             raise ConfigError(f"env.toolworld.reward: '{reward}' is not one of {', '.join(REWARD_MODES)}")
         self.reward_mode = reward

@@ -78,6 +78,6 @@ def build_embedder(kind, path: str = "", frozen=None, tokenizer=None) -> Embedde
     """`algorithm.retrieval.embedder`: 'minilm' or 'backbone' (an `EmbedderKind`)."""
     from lopd.config import EmbedderKind
 
-    if EmbedderKind(kind) is EmbedderKind.minilm:
+    if kind == EmbedderKind.minilm:
         return SentenceEmbedder(path)
     return BackboneEmbedder(frozen, tokenizer)

@@ -23,19 +23,19 @@ from lopd.tokens import decoder_and_head
 class ExperienceMemory:
     """Remember and retrieve: the bank, its embedder, and the exclusion rules (shared by LOPD and lopd_text)."""
 
-    def __init__(self, cfg, run, reference, tokenizer):
+    def __init__(self, cfg, run, frozen, tokenizer):
         r, c = cfg.algorithm.retrieval, cfg.algorithm.lopd
         self.cfg = c
-        self.embedder = build_embedder(r.embedder, r.embedder_path, reference, tokenizer)
-        folder = run.path / "bank" if run is not None else None
+        self.embedder = build_embedder(r.embedder, r.embedder_path, frozen, tokenizer)
+        folder = run.bank_dir if run is not None else None
         self.bank = ExperienceBank(self.embedder.dim, folder, capacity=c.bank_capacity, eviction=c.eviction,
                                    readonly=run is not None and not run.writer)
 
     def remember(self, batch, step: int) -> list[int]:
         """Store the batch's trajectories; returns their bank ids (-1 for the ones not kept)."""
-        keep = [i for i in range(len(batch)) if RememberWhat(self.cfg.remember) is RememberWhat.all or bool(batch.success[i])]
+        keep = [i for i in range(len(batch)) if self.cfg.remember is RememberWhat.all or bool(batch.success[i])]
         texts = [task_text(batch.tasks[i]) for i in keep]
-        entries = [Experience(batch.tasks[i].id, texts[j], batch.texts[i], float(batch.rewards[i]),
+        entries = [Experience(batch.tasks[i].id, texts[j], batch.completions[i], float(batch.rewards[i]),
                               bool(batch.success[i]), batch.feedback[i], step, f"{step}:{int(batch.group[i])}",
                               category=batch.tasks[i].category)
                    for j, i in enumerate(keep)]
@@ -92,8 +92,8 @@ class ExperienceEncoder:
     per token, [last hidden state ; input embedding] ([L, 2H]): what the token means in context, and
     which token it is (so the composer can carry exact values, e.g. a date's format, into z)."""
 
-    def __init__(self, reference, tokenizer, max_tokens: int, cache_entries: int):
-        self.reference, self.tokenizer, self.max_tokens, self.cache_entries = reference, tokenizer, max_tokens, cache_entries
+    def __init__(self, frozen, tokenizer, max_tokens: int, cache_entries: int):
+        self.frozen, self.tokenizer, self.max_tokens, self.cache_entries = frozen, tokenizer, max_tokens, cache_entries
         self.cache: OrderedDict[int, torch.Tensor] = OrderedDict()
 
     @torch.no_grad()
@@ -102,7 +102,7 @@ class ExperienceEncoder:
         every forward is collective: every rank encodes the union of what any rank's call misses."""
         wanted = list(dict.fromkeys(i for row in rows for i in row))
         missing = [i for i in wanted if i not in self.cache]
-        with self.reference.active() as model:
+        with self.frozen.active() as model:
             if is_sharded(model):
                 missing = union(missing)  # an entry this rank has cached is recomputed: the same values
             fresh: dict[int, torch.Tensor] = {}
