@@ -21,68 +21,31 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import small_overrides
+from conftest import REFERENCE_EXTRA, assert_same, cli, reference_args, small_overrides, snapshot
 from lopd.runs import RunDir
 
 LOPD = [sys.executable, "-m", "lopd.cli"]
-ALGORITHMS = {"grpo": {}, "lopd": {"algorithm.lopd.latent_tokens": 256}}
+ALGORITHMS = list(REFERENCE_EXTRA)  # grpo, lopd: the canonical tiny runs of conftest.py
 
 
 def _args(algorithm, run_dir):
-    return ["train", "--config", algorithm, *small_overrides(run_dir, **ALGORITHMS[algorithm])]
+    return reference_args(algorithm, run_dir)
 
 
 def _lopd(args, failpoint=None, timeout=600, **kw):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "2"}
-    env.pop("LOPD_FAILPOINT", None)
-    if failpoint:
-        env["LOPD_FAILPOINT"] = failpoint
-    return subprocess.run(LOPD + [str(a) for a in args], capture_output=True, text=True, env=env, timeout=timeout, **kw)
-
-
-def snapshot(run_dir: Path) -> dict:
-    """Everything a resumed run must reproduce exactly."""
-    run = RunDir(run_dir)
-    ckpt = run.latest_checkpoint()
-    weights = load_file(next((ckpt / "model").glob("*.safetensors")))
-    optimizer = torch.load(ckpt / "optimizer.pt", weights_only=False)
-    rows = [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))} for r in run.read_metrics()]
-    bank = (run_dir / "bank" / "entries.jsonl").read_text() if (run_dir / "bank").is_dir() else None
-    samples = {p.name: p.read_text() for p in sorted((run_dir / "samples").glob("*.jsonl"))}
-    return {"checkpoint": ckpt.name, "weights": weights, "optimizer": optimizer, "rows": rows, "bank": bank,
-            "samples": samples}
-
-
-def assert_same(a: dict, b: dict) -> None:
-    assert a["checkpoint"] == b["checkpoint"]
-    assert a["weights"].keys() == b["weights"].keys()
-    assert all(torch.equal(a["weights"][k], b["weights"][k]) for k in a["weights"])
-    sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
-    assert sa.keys() == sb.keys()
-    assert all(torch.equal(sa[i][k], sb[i][k]) for i in sa for k in sa[i] if torch.is_tensor(sa[i][k]))
-    assert a["rows"] == b["rows"]
-    assert a["bank"] == b["bank"]
-    assert a["samples"] == b["samples"]
-
-
-class References(dict):
-    """One uninterrupted run per algorithm, in a subprocess like the others, made when a test first asks."""
-
-    def __init__(self, root: Path):
-        super().__init__()
-        self.root = root
-
-    def __missing__(self, algorithm: str) -> dict:
-        run_dir = self.root / algorithm
-        done = _lopd(_args(algorithm, run_dir))
-        assert done.returncode == 0, done.stderr[-2000:]
-        self[algorithm] = snapshot(run_dir)
-        return self[algorithm]
+    return cli(args, failpoint=failpoint, timeout=timeout, **kw)
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    return References(tmp_path_factory.mktemp("reference"))
+def reference(reference_runs):
+    """Snapshots of the uninterrupted reference runs, read when a test first asks."""
+
+    class Snapshots(dict):
+        def __missing__(self, algorithm):
+            self[algorithm] = snapshot(reference_runs[algorithm])
+            return self[algorithm]
+
+    return Snapshots()
 
 
 def kill_and_resume(algorithm: str, failpoint: str, run_dir: Path) -> subprocess.CompletedProcess:

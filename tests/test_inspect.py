@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from conftest import small_overrides
+from conftest import copy_run
 from lopd.errors import ConfigError
 from lopd.inspection import inspect_run, slot_summary
 
@@ -25,13 +25,10 @@ def test_slot_summary_by_hand():
     assert math.isnan(slot_summary(torch.zeros(4, 3))["cosine"])  # a closed gate adds no direction
 
 
-def test_inspect_a_tiny_lopd_run(tmp_path):
-    from lopd.config import load_config
-    from lopd.loop import train
-
-    run = train(load_config("lopd", small_overrides(tmp_path / "run", **{"train.max_rollouts": 16, "eval.every_rollouts": 16,
-                                                                  "algorithm.lopd.gate_init": 0.1})), quiet=True)
+def test_inspect_a_tiny_lopd_run(reference_runs, tmp_path):
     from lopd.runs import RunDir
+
+    run = copy_run(reference_runs["lopd"], tmp_path / "run")  # the canonical LOPD run: its gate starts open
 
     alike = [r["context/slot_cosine"] for r in RunDir(run).read_metrics() if "context/slot_cosine" in r]
     assert alike and all(-1.0 <= a <= 1.0 for a in alike)  # logged where the gate is open

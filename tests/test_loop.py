@@ -1,4 +1,5 @@
-"""The loop end to end: outputs, resume after a stop, the real CLI in a subprocess, clear errors."""
+"""The loop end to end: the run directory, resume after a stop equals the uninterrupted run, the real CLI in
+a subprocess, clear errors. The uninterrupted runs are the shared reference runs (conftest.py)."""
 
 import json
 import os
@@ -12,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import small_overrides
+from conftest import assert_same, cli, copy_run, reference_config, small_overrides, snapshot
 from lopd.config import load_config
 from lopd.runs import RunDir
 from lopd.loop import train
@@ -25,36 +26,37 @@ def _final_weights(run_dir: Path) -> dict:
     return load_file(ckpt / "model" / "model.safetensors")
 
 
-def _rows(run_dir: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))} for r in RunDir(run_dir).read_metrics()]
+@pytest.fixture(scope="module")
+def resumed_grpo(tmp_path_factory) -> Path:
+    """The canonical GRPO run, stopped after step 3 as a crash would (its checkpoint is step 2's: step 3's
+    work is lost) and resumed, in this process."""
+    run_dir = tmp_path_factory.mktemp("resumed") / "run"
+    train(reference_config("grpo", run_dir), stop_after=3, quiet=True)
+    assert RunDir(run_dir).latest_checkpoint().name == "step_000002"
+    assert max(r["step"] for r in RunDir(run_dir).read_metrics()) == 3
+    train(reference_config("grpo", run_dir), quiet=True)
+    return run_dir
 
 
-def test_resume_after_a_stop_equals_an_uninterrupted_run(tmp_path):
-    full = train(load_config(None, small_overrides(tmp_path / "full")), quiet=True)
-    cfg = load_config(None, small_overrides(tmp_path / "stopped"))
-    train(cfg, stop_after=3, quiet=True)  # checkpoint at step 2; step 3's work is lost, like a crash
-    assert RunDir(tmp_path / "stopped").latest_checkpoint().name == "step_000002"
-    assert max(r["step"] for r in _rows(tmp_path / "stopped")) == 3
-    resumed = train(cfg, quiet=True)
-    a, b = _final_weights(full), _final_weights(resumed)
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-    assert _rows(full) == _rows(resumed)  # the lost step's rows were replaced, not duplicated
+def test_resume_after_a_stop_equals_an_uninterrupted_run(reference_runs, resumed_grpo):
+    """Weights, optimizer, rows (the lost step's rows replaced, not duplicated), samples: bit for bit."""
+    assert_same(snapshot(resumed_grpo), snapshot(reference_runs["grpo"]))
 
 
-def test_run_directory_holds_everything(tmp_path):
-    path = train(load_config(None, small_overrides(tmp_path / "r")), quiet=True)
-    for name in ["config.yaml", "metrics.jsonl", "report.md", "curves.png"]:
+def test_run_directory_holds_everything(reference_runs):
+    path = reference_runs["grpo"]
+    for name in ["config.yaml", "metrics.jsonl", "report.md", "curves.png", "finished", "status.json"]:
         assert (path / name).is_file(), name
     assert list((path / "tb").glob("events.out.tfevents.*"))
     ckpt = RunDir(path).latest_checkpoint()
-    assert {"model", "optimizer.pt", "state.pt"} <= {p.name for p in ckpt.iterdir()}
+    assert {"model", "optimizer.pt", "state.pt", "metrics.jsonl", "manifest.json"} <= {p.name for p in ckpt.iterdir()}
     state = torch.load(ckpt / "state.pt", weights_only=False)
     assert state["run"]["rollouts"] == 32 and state["run"]["step"] == 4
     rows = RunDir(path).read_metrics()
     evals = [r for r in rows if "eval/test/success" in r]
     assert [r["rollouts"] for r in evals] == [0, 16, 32]
+    assert sorted(p.name for p in (path / "samples").iterdir()) == [
+        f"{split}_step{step:06d}.jsonl" for split in ("test", "transfer") for step in (0, 2, 4)]
     train_rows = [r for r in rows if r["kind"].startswith("train")]
     assert all(k in train_rows[0] for k in ["reward/mean", "loss/pg", "time/rollout", "time/update", "tokens"])
     lengths = [r["rollout/length"] * 8 for r in train_rows]  # 8 trajectories per step
@@ -62,6 +64,7 @@ def test_run_directory_holds_everything(tmp_path):
     report = (path / "report.md").read_text()
     assert "| 32 |" in report  # the table has the final budget point
     assert load_config(path / "config.yaml").train.max_rollouts == 32
+    assert json.loads((path / "status.json").read_text())["state"] == "finished"
 
 
 def _run(args, **kw):
@@ -69,19 +72,18 @@ def _run(args, **kw):
     return subprocess.run(LOPD + args, capture_output=True, text=True, env=env, **kw)
 
 
-def test_cli_train_resume_and_eval_end_to_end(tmp_path):
-    run_dir = tmp_path / "cli"
-    out = _run(["train", "--config", "grpo", *small_overrides(run_dir)], timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "report:" in out.stdout
+def test_cli_resume_extends_a_finished_run_and_eval_reads_it(reference_runs, tmp_path):
+    """`lopd train RUN_DIR` with a larger budget continues the same run (the reference run itself was made by
+    `lopd train --config`); `lopd eval --run` reads its newest checkpoint."""
+    run_dir = copy_run(reference_runs["grpo"], tmp_path / "cli")
     n_rows = len(RunDir(run_dir).read_metrics())
-    # `lopd train RUN_DIR` resumes; a larger budget continues the same run
-    out = _run(["train", str(run_dir), "train.max_rollouts=48"], timeout=600)
+    out = cli(["train", run_dir, "train.max_rollouts=48"])
     assert out.returncode == 0, out.stderr[-2000:]
     rows = RunDir(run_dir).read_metrics()
     assert len(rows) > n_rows and rows[-1]["rollouts"] == 48
     assert RunDir(run_dir).latest_checkpoint().name == "step_000006"
-    out = _run(["eval", "--run", str(run_dir), "--split", "test", "eval.max_tasks=8"], timeout=600)
+    assert "finished (the run is being extended)" in (run_dir / "resumes.log").read_text()
+    out = cli(["eval", "--run", run_dir, "--split", "test", "eval.max_tasks=8"])
     assert out.returncode == 0, out.stderr[-2000:]
     assert "| **all** |" in out.stdout and "step_000006" in out.stdout
 
@@ -138,16 +140,13 @@ def test_help_lists_commands_and_config_keys():
     assert "train.max_rollouts" in out.stdout and "rollout budget" in out.stdout
 
 
-def test_tensorboard_after_a_resume_keeps_every_point_once(tmp_path):
+def test_tensorboard_after_a_resume_keeps_every_point_once(resumed_grpo):
     """Scalars are logged by rollouts and a resume purges from the checkpoint's rollouts on, so the redone
     step replaces its first try and nothing before the resume is hidden."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    cfg = load_config(None, small_overrides(tmp_path / "run"))
-    train(cfg, stop_after=3, quiet=True)  # checkpoint at step 2 (16 rollouts); step 3 (24) redone
-    train(cfg, quiet=True)
-    events = EventAccumulator(str(tmp_path / "run" / "tb"))
+    events = EventAccumulator(str(resumed_grpo / "tb"))
     events.Reload()
     assert [e.step for e in events.Scalars("reward/mean")] == [8, 16, 24, 32]
     assert [e.step for e in events.Scalars("eval/test/success")] == [0, 16, 32]
-    assert (tmp_path / "run" / "resumes.log").read_text().count("resumed from step_000002") == 1
+    assert (resumed_grpo / "resumes.log").read_text().count("resumed from step_000002") == 1
