@@ -22,6 +22,7 @@ from pathlib import Path
 
 from lopd.config import CONFIG_DIR, Config, EmbedderKind, config_path, describe, load_config
 from lopd.errors import ConfigError, LopdError
+from lopd.quiet import silence_third_party
 
 def split_args(items: list[str]) -> tuple[str | None, list[str]]:
     """Positional arguments: at most one run directory, then key=value overrides."""
@@ -33,18 +34,19 @@ def split_args(items: list[str]) -> tuple[str | None, list[str]]:
 
 
 def resolve_train_config(config: str | None, positional: list[str]) -> Config:
-    from lopd.runs import RunDir
-
+    """The config `lopd train` runs: a run directory's own (overrides on top), or --config's, which resumes
+    the run it names if that exists. Checked before torch is imported: a config error takes a second."""
     run_dir, overrides = split_args(positional)
     if run_dir is not None:
-        run = RunDir(run_dir)
-        if not run.exists():
+        saved = Path(run_dir) / "config.yaml"
+        if not saved.is_file():
             raise ConfigError(f"{run_dir}: not a run directory (no config.yaml); start one with --config")
         if config is not None:
             raise ConfigError("give either a run directory to resume or --config to start, not both")
-        return load_config(run.config_path, overrides + [f"run.dir={run_dir}"])
+        return load_config(saved, overrides + [f"run.dir={run_dir}"])
     cfg = load_config(config_path(config), overrides)
     from lopd.loop import run_dir_for
+    from lopd.runs import RunDir
 
     run = RunDir(run_dir_for(cfg))
     if run.exists():  # the run exists: resume it under its own saved config, new overrides on top
@@ -53,17 +55,15 @@ def resolve_train_config(config: str | None, positional: list[str]) -> Config:
 
 
 def cmd_train(args) -> int:
+    cfg = resolve_train_config(args.config, args.args)
     from lopd.loop import train
 
-    cfg = resolve_train_config(args.config, args.args)
     path = train(cfg)
     print(f"run directory: {path}\nreport: {path / 'report.md'}\ncurves: {path / 'curves.png'}")
     return 0
 
 
 def cmd_eval(args) -> int:
-    from lopd.evaluation import EvalResult, category_table, evaluate_model
-
     args.overrides += [s for s in args.split or [] if "=" in s]  # argparse's nargs="+" swallows them
     args.split = [s for s in args.split or [] if "=" not in s]
     if args.env:  # --env NAME or NAME:SPLIT (a plugin's path also has a colon: module:Class[:SPLIT])
@@ -76,17 +76,18 @@ def cmd_eval(args) -> int:
         elif not args.split and name != "toolworld":
             args.split = ["test"]
     if args.run:
+        source, overrides = args.run, args.overrides
+        if not (Path(args.run) / "config.yaml").is_file():
+            raise ConfigError(f"{args.run}: not a run directory (no config.yaml)")
+        cfg = load_config(Path(args.run) / "config.yaml", overrides)
         from lopd.runs import RunDir
 
-        source, overrides = args.run, args.overrides
-        run = RunDir(args.run)
-        if not run.exists():
-            raise ConfigError(f"{args.run}: not a run directory (no config.yaml)")
-        cfg = load_config(run.config_path, overrides)
-        checkpoint = str(ckpt) if (ckpt := run.latest_checkpoint()) is not None else "initial weights"
+        checkpoint = str(ckpt) if (ckpt := RunDir(args.run).latest_checkpoint()) is not None else "initial weights"
     else:
         source = load_config(config_path(args.config), args.overrides + ([f"model.name={args.model}"] if args.model else []))
         overrides, cfg, checkpoint = [], source, "initial weights"
+    from lopd.evaluation import EvalResult, category_table, evaluate_model
+
     # --json is written after every split and resumed from: splits it already holds under the same
     # settings are not evaluated again (a killed evaluation of a large benchmark keeps what it finished)
     import hashlib
@@ -138,9 +139,10 @@ def _bundled_envs() -> list[str]:
 def cmd_compare(args) -> int:
     from lopd.compare import cells as grid_cells
     from lopd.compare import load_grid, run_grid
-    from lopd.grid_report import write_grid_report
 
     grid = load_grid(config_path(args.config), args.grid_overrides)
+    from lopd.grid_report import write_grid_report
+
     if args.workers:
         grid.workers = args.workers
     cells = grid_cells(grid) if args.report_only else run_grid(grid)
@@ -297,10 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # our own progress display is enough
-    hf_logging.set_verbosity_error()
+    silence_third_party()  # our own progress display is enough
     try:
         return args.func(args)
     except LopdError as e:

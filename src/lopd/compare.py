@@ -40,8 +40,6 @@ import yaml
 
 from lopd.config import load_config
 from lopd.errors import ConfigError
-from lopd.run_io import terminated_as_interrupt
-from lopd.runs import RunDir
 
 
 @dataclass
@@ -187,6 +185,7 @@ def _launch(grid: Grid, cell: Cell) -> subprocess.Popen:
     cell.path.mkdir(parents=True, exist_ok=True)
     resolved = cell.path / "grid_config.yaml"
     from lopd.config import to_yaml
+    from lopd.runs import RunDir
 
     resolved.write_text(to_yaml(cfg))
     env = {**os.environ, "OMP_NUM_THREADS": str(grid.threads_per_worker), "TOKENIZERS_PARALLELISM": "false"}
@@ -202,6 +201,9 @@ def run_grid(grid: Grid, quiet: bool = False) -> list[Cell]:
     from rich.console import Console
     from rich.live import Live
     from rich.table import Table
+
+    from lopd.run_io import terminated_as_interrupt
+    from lopd.runs import RunDir  # here, not at the top: `lopd compare` checks the grid before torch is imported
 
     all_cells = cells(grid)
     todo = [c for c in all_cells if not is_finished(grid, c)]
