@@ -126,3 +126,34 @@ def test_cli_config_errors_come_before_torch_is_imported(args):
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "2 []", (out.stdout, out.stderr)
     assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith("lopd: error: "), out.stderr
+
+
+def _help(capsys, *command: str) -> list[str]:
+    from lopd.cli import main
+
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    return capsys.readouterr().out.splitlines()
+
+
+def test_help_is_grouped_wrapped_and_lists_every_key(capsys):
+    for command in ([], ["train"], ["eval"], ["compare"], ["bank"], ["inspect"], ["demo"]):
+        wide = [line for line in _help(capsys, *command) if len(line) > 100]
+        assert not wide, (command, wide)
+    lines = _help(capsys, "train")
+    lines = lines[next(i for i, line in enumerate(lines) if line.startswith("config keys")) + 1:]
+    listed = {line.split()[0].split("=")[0] for line in lines if line.startswith("  ") and "=" in line.split()[0]}
+    assert listed == {key for key, _, _ in describe()}
+    headings = [line[:-1] for line in lines if line.endswith(":") and not line.startswith(" ")]
+    assert [h for h in headings if "." not in h] == ["run", "model", "env", "rollout", "algorithm", "optim", "train",
+                                                     "eval"]
+    assert {"algorithm.pg", "algorithm.lopd", "model.lora"} <= set(headings)
+    meaning_starts = {len(line) - len(line.lstrip()) for line in lines if line.startswith("   ")}
+    assert meaning_starts <= {6, 42}  # hanging indents: a wrapped default, or the meaning's column
+
+
+def test_eval_help_lists_only_what_evaluation_reads(capsys):
+    text = "\n".join(_help(capsys, "eval"))
+    assert "model.name=" in text and "eval.max_tasks=" in text and "rollout.max_new_tokens=" in text
+    assert "env.toolworld.seed=" in text and "train.device=" in text
+    assert "algorithm." not in text and "optim." not in text and "train.max_rollouts" not in text

@@ -4,13 +4,13 @@
     lopd train runs/grpo_toolworld_seed0              resume a run from its directory
     lopd eval --run runs/grpo_toolworld_seed0         evaluate a run's latest checkpoint
     lopd eval --model tiny --split test transfer      evaluate any model
-    lopd eval --model smollm2-135m --env acebench     ... on any env (acebench, bfcl:simple_python, humaneval)
-    lopd bank runs/lopd_toolworld_seed0 --query "book a flight to Rome"   inspect an experience bank
+    lopd eval --model smollm2-135m --env acebench     ... on any env (bfcl, humaneval, your own)
+    lopd bank runs/lopd_toolworld_seed0 --query "book a flight"   inspect an experience bank
     lopd inspect runs/lopd_toolworld_seed0            what its latent slots carry (inspect.png)
     lopd demo                                         the showcase on the bundled task and policy
 
-Config keys are listed by `lopd train --help`. Errors in configs, data or model paths end in one line
-that names the file, line or key.
+Config keys are listed by `lopd train --help`. Errors in configs, data or model paths end in one
+line that names the file, line or key.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 from lopd.config import CONFIG_DIR, Config, EmbedderKind, config_path, describe, load_config
@@ -222,25 +223,65 @@ def cmd_demo(args) -> int:
     return 0
 
 
+HELP_WIDTH = 100  # no line of --help is wider
+HELP_COLUMN = 42  # where each config key's meaning starts
+EVAL_KEYS = ("model.", "env.", "eval.max_tasks", "eval.temperature", "eval.batch_size", "rollout.max_new_tokens",
+             "rollout.max_turns", "train.device", "train.seed")  # what evaluation.evaluate_model reads
+
+
+def key_lines(key: str, default: str, text: str) -> list[str]:
+    """One config key of --help: `key=default`, then its meaning from HELP_COLUMN on, wrapped at HELP_WIDTH
+    under a hanging indent (on the next line when `key=default` reaches into that column)."""
+    item = textwrap.wrap(f"{key}={default}", HELP_WIDTH - 2, subsequent_indent="    ", break_on_hyphens=False)
+    meaning = textwrap.wrap(text, HELP_WIDTH - HELP_COLUMN, break_on_hyphens=False) or [""]
+    pad = " " * HELP_COLUMN
+    if len(item) == 1 and len(item[0]) < HELP_COLUMN - 3:
+        return [f"  {item[0]:<{HELP_COLUMN - 2}}{meaning[0]}"] + [pad + m for m in meaning[1:]]
+    return [f"  {i}" for i in item] + [pad + m for m in meaning]
+
+
+def keys_help(keep=lambda key: True) -> str:
+    """The config keys `keep` accepts, under a heading per section (run, model, model.lora, env, ...)."""
+    lines, section = [], None
+    for key, default, text in describe():
+        if keep(key):
+            if key.rpartition(".")[0] != section:
+                section = key.rpartition(".")[0]
+                lines += ["", f"{section}:"]
+            lines += key_lines(key, default, text)
+    return "\n".join(lines)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's layout at HELP_WIDTH columns; descriptions keep their lines (examples, key tables) and a
+    line too long is wrapped under its own indentation."""
+
+    def __init__(self, prog: str):
+        super().__init__(prog, width=HELP_WIDTH, max_help_position=30)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n".join(textwrap.fill(line, width, initial_indent=indent,
+                                        subsequent_indent=indent + " " * (len(line) - len(line.lstrip())))
+                         if line.strip() else "" for line in text.splitlines())
+
+
 def build_parser() -> argparse.ArgumentParser:
-    keys = "\n".join(f"  {k:<36} {default:<12} {text}" for k, default, text in describe())
-    parser = argparse.ArgumentParser(prog="lopd", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="lopd", description=__doc__, formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,compare,bank,inspect,demo}")
 
-    p = sub.add_parser("train", help="train a policy (or resume a run directory)",
-                       description="Train a policy with the configured algorithm, or resume a run directory. "
-                                   "Positional arguments: an optional run directory, then key=value overrides.",
-                       epilog="config keys (key, default, meaning):\n" + keys,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="YAML config file, or the name of a bundled one (grpo, demo, ...)")
-    p.add_argument("args", nargs="*", metavar="RUN_DIR|key=value")
+    p = sub.add_parser("train", help="train a policy (or resume a run directory)", formatter_class=HelpFormatter,
+                       description="Train a policy with the configured algorithm, or resume a run directory.",
+                       epilog="config keys (key=default, meaning), by section:\n" + keys_help())
+    p.add_argument("--config", help="YAML config file, or the name of a bundled one (grpo, lopd, demo, ...)")
+    p.add_argument("args", nargs="*", metavar="RUN_DIR|key=value",
+                   help="a run directory to resume, then key=value overrides of the config keys below")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="evaluate a run's latest checkpoint or any model on held-out splits",
                        description="Evaluate the student alone (no context) on an env's splits; prints a "
-                                   "per-category table of success (in %).",
-                       epilog="config keys (key, default, meaning):\n" + keys,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   "per-category table of success (in %).", formatter_class=HelpFormatter,
+                       epilog="config keys evaluation reads (key=default, meaning), by section:\n"
+                              + keys_help(lambda key: key.startswith(EVAL_KEYS)))
     src = p.add_mutually_exclusive_group()
     src.add_argument("--run", help="run directory: its config and latest checkpoint")
     src.add_argument("--model", help="model name or folder (tiny, smollm2-135m, PATH)")
@@ -250,10 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", nargs="+", help="splits to evaluate (default: env.eval_splits, or `test`)")
     p.add_argument("--json", help="also write the results to this JSON file, after each split; a split it "
                                   "already holds under the same config and checkpoint is not evaluated again")
-    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the config keys below")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("compare", help="run a grid of methods x seeds under one budget and write the report",
+    p = sub.add_parser("compare", formatter_class=HelpFormatter, help="run a grid of methods x seeds under one budget and write the report",
                        description="Run every (method, seed[, backbone, env]) of a grid file under one rollout budget, "
                                    "in parallel worker processes, then write report.md, report.json and figures. "
                                    "An interrupted grid continues where it stopped.")
@@ -266,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("grid_overrides", nargs="*", metavar="key=value", help="top-level grid keys, e.g. seeds=[0,1]")
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("bank", help="size, statistics and top entries of a run's experience bank",
+    p = sub.add_parser("bank", formatter_class=HelpFormatter, help="size, statistics and top entries of a run's experience bank",
                        description="Print the size and statistics of a run's experience bank (LOPD's bank/ or "
                                    "Skill-SD's skills/) and, with --query, its top entries for a request.")
     p.add_argument("run_dir", help="run directory")
@@ -275,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="include failed trajectories in the results")
     p.set_defaults(func=cmd_bank)
 
-    p = sub.add_parser("inspect", help="what an LOPD run's latent slots carry: attention, nearest tokens, Delta",
+    p = sub.add_parser("inspect", formatter_class=HelpFormatter, help="what an LOPD run's latent slots carry: attention, nearest tokens, Delta",
                        description="For a few held-out tasks: the retrieved experiences, the composer's attention of "
                                    "each latent slot over their tokens, each slot's nearest vocabulary token, and Delta "
                                    "on successes/failures over training. Writes RUN_DIR/inspect.png and inspect.md.")
@@ -285,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slots", type=int, default=48, help="slots drawn per task (default 48)")
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("demo", help="LOPD against GRPO and the self-distillation baselines on the bundled task",
+    p = sub.add_parser("demo", formatter_class=HelpFormatter, help="LOPD against GRPO and the self-distillation baselines on the bundled task",
                        description="The showcase: trains the bundled tiny policy on ToolWorld with GRPO, OPSD, SDPO, "
                                    "Skill-SD and LOPD under one rollout budget (configs/compare_demo.yaml), writes "
                                    "runs/demo (one run directory per method, report.md, report.json, curves.png) "

@@ -616,5 +616,18 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]
             help_text = f.metadata.get("help", "") or comments.get(f.name, "")
             if isinstance(choices, type) and issubclass(choices, enum.Enum):
                 help_text += f" [{'|'.join(c.value for c in choices)}]"
-            rows.append((prefix + f.name, repr(shown), help_text))
+            rows.append((prefix + f.name, as_override(shown), help_text))
     return rows
+
+
+def as_override(value: Any) -> str:
+    """A value as it is typed after `key=` on the command line: true, null, '', [test, transfer]."""
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(as_override(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {as_override(v)}" for k, v in value.items()) + "}"
+    return "''" if value == "" else str(value)
