@@ -168,13 +168,13 @@ def cmd_bank(args) -> int:
     folder = next((run_dir / f for f in ("bank", "skills") if (run_dir / f / "entries.jsonl").is_file()), None)
     if folder is None:
         raise ConfigError(f"{run_dir}: no experience bank (bank/ or skills/ with entries.jsonl)")
-    keys = np.fromfile(folder / "keys.f32", dtype=np.float32)
     cfg = load_config(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else load_config(None)
     minilm = EmbedderKind(cfg.algorithm.retrieval.embedder) is EmbedderKind.minilm
-    dim = 384 if minilm else None
-    if dim is None:  # backbone keys: the width is whatever was written
-        dim = len(keys) // max(sum(1 for _ in (folder / "entries.jsonl").open()), 1)
-    bank = ExperienceBank(dim, folder)
+    dim = 384 if minilm else _hidden_size(cfg.model.name)  # backbone keys: the model's hidden states
+    bank = ExperienceBank(dim, folder, readonly=True)  # a look changes nothing, not even a torn tail
+    if bank.disagreement:
+        print(f"lopd: warning: the bank's files disagree ({bank.disagreement}); shown: the {len(bank.entries)} "
+              f"entries both hold", file=sys.stderr)
     live = [bank.entries[i] for i in np.flatnonzero(bank.alive)]
     print(f"{folder}: {bank.size} live entries ({len(bank.entries)} written), key width {dim}")
     if live:
@@ -193,6 +193,14 @@ def cmd_bank(args) -> int:
             print(f"  {sim:.3f}  [{'ok' if e.success else 'fail'} r={e.reward:.2f} step {e.step}] {e.task_text}\n"
                   f"         -> {e.trajectory}")
     return 0
+
+
+def _hidden_size(model: str) -> int:
+    """The hidden size of `model.name`'s backbone, from its config.json (the width of backbone bank keys)."""
+    from lopd.models import resolve_model
+
+    config = json.loads((resolve_model(model) / "config.json").read_text())
+    return int(config.get("hidden_size") or config["text_config"]["hidden_size"])
 
 
 def cmd_inspect(args) -> int:
