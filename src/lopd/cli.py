@@ -25,6 +25,7 @@ from lopd.config import CONFIG_DIR, Config, EmbedderKind, config_path, describe,
 from lopd.errors import ConfigError, LopdError
 from lopd.quiet import silence_third_party
 
+
 def split_args(items: list[str]) -> tuple[str | None, list[str]]:
     """Positional arguments: at most one run directory, then key=value overrides."""
     run_dirs = [i for i in items if "=" not in i]
@@ -77,10 +78,10 @@ def cmd_eval(args) -> int:
         elif not args.split and name != "toolworld":
             args.split = ["test"]
     if args.run:
-        source, overrides = args.run, args.overrides
-        if not (Path(args.run) / "config.yaml").is_file():
+        source, overrides, saved = args.run, args.overrides, Path(args.run) / "config.yaml"
+        if not saved.is_file():
             raise ConfigError(f"{args.run}: not a run directory (no config.yaml)")
-        cfg = load_config(Path(args.run) / "config.yaml", overrides)
+        cfg = load_config(saved, overrides)
         from lopd.runs import RunDir
 
         checkpoint = str(ckpt) if (ckpt := RunDir(args.run).latest_checkpoint()) is not None else "initial weights"
