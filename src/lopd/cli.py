@@ -249,7 +249,7 @@ def key_lines(key: str, default: str, text: str) -> list[str]:
     return [f"  {i}" for i in item] + [pad + m for m in meaning]
 
 
-def keys_help(keep=lambda key: True) -> str:
+def keys_help(keep) -> str:
     """The config keys `keep` accepts, under a heading per section (run, model, model.lora, env, ...)."""
     lines, section = [], None
     for key, default, text in describe():
@@ -274,13 +274,28 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
                          if line.strip() else "" for line in text.splitlines())
 
 
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose help may end with config keys (`keys`: which to list), formatted only when the
+    help is printed: listing them takes 0.1 s, which no other command should pay."""
+
+    def __init__(self, *args, keys=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.keys = keys
+
+    def format_help(self) -> str:
+        if self.keys is not None:
+            self.epilog, self.keys = self.epilog + "\n" + keys_help(self.keys), None
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lopd", description=__doc__, formatter_class=HelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,compare,bank,inspect,demo}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,compare,bank,inspect,demo}",
+                                parser_class=Parser)
 
     p = sub.add_parser("train", help="train a policy (or resume a run directory)", formatter_class=HelpFormatter,
                        description="Train a policy with the configured algorithm, or resume a run directory.",
-                       epilog="config keys (key=default, meaning), by section:\n" + keys_help())
+                       epilog="config keys (key=default, meaning), by section:", keys=lambda key: True)
     p.add_argument("--config", help="YAML config file, or the name of a bundled one (grpo, lopd, demo, ...)")
     p.add_argument("args", nargs="*", metavar="RUN_DIR|key=value",
                    help="a run directory to resume, then key=value overrides of the config keys below")
@@ -289,8 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="evaluate a run's latest checkpoint or any model on held-out splits",
                        description="Evaluate the student alone (no context) on an env's splits; prints a "
                                    "per-category table of success (in %).", formatter_class=HelpFormatter,
-                       epilog="config keys evaluation reads (key=default, meaning), by section:\n"
-                              + keys_help(lambda key: key.startswith(EVAL_KEYS)))
+                       epilog="config keys evaluation reads (key=default, meaning), by section:",
+                       keys=lambda key: key.startswith(EVAL_KEYS))
     src = p.add_mutually_exclusive_group()
     src.add_argument("--run", help="run directory: its config and latest checkpoint")
     src.add_argument("--model", help="model name or folder (tiny, smollm2-135m, PATH)")
