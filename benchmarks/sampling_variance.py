@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from lopd.config import load_config
     from lopd.envs import build_env
-    from lopd.session import env_tasks, pick_device
+    from lopd.models import pick_device
+    from lopd.session import env_tasks
     from lopd.models import load_policy
 
     cfg = load_config(args.config, args.overrides)

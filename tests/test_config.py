@@ -76,3 +76,84 @@ def test_bundled_configs_load():
             assert cells(load_grid(p))
         else:
             load_config(p)
+
+
+def test_unknown_key_suggests_the_closest_full_key(tmp_path):
+    for given, meant in [("train.max_rollout=3", "train.max_rollouts"), ("max_rollouts=3", "train.max_rollouts"),
+                         ("rollout.group=4", "rollout.group_size"), ("algorithm.lopd.latent_token=8",
+                                                                     "algorithm.lopd.latent_tokens")]:
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [given])
+        assert f"did you mean '{meant}'?" in str(e.value) and "\n" not in str(e.value), str(e.value)
+    path = tmp_path / "typo.yaml"
+    path.write_text("optim:\n  learning_rate: 0.1\n")
+    with pytest.raises(ConfigError, match=r"typo.yaml:2: unknown config key 'optim.learning_rate'"):
+        load_config(path)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["zzzz.qqqq=1"])
+    assert "did you mean" not in str(e.value)
+
+
+def test_include_takes_a_bundled_name_like_config_does(tmp_path):
+    (tmp_path / "mine.yaml").write_text("include: lopd\ntrain:\n  max_rollouts: 8\n")
+    assert load_config(tmp_path / "mine.yaml") == load_config("lopd", ["train.max_rollouts=8"])
+    (tmp_path / "lopd").write_text("train:\n  seed: 5\n")  # a file next to the including one wins
+    assert load_config(tmp_path / "mine.yaml").train.seed == 5
+    (tmp_path / "bad.yaml").write_text("# a comment\ninclude: [grpo, nosuch]\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:2: include 'nosuch': no such file .* and no bundled config"):
+        load_config(tmp_path / "bad.yaml")
+    (tmp_path / "bad.yaml").write_text("include: gone.yaml\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:1: include 'gone.yaml': no such file .*gone.yaml$"):
+        load_config(tmp_path / "bad.yaml")
+
+
+@pytest.mark.parametrize("args", [
+    ["train", "--config", "grpo", "train.max_rollout=1"],
+    ["train", "--config", "grpo", "train.max_rollouts=lots"],
+    ["train", "--config", "nosuch"],
+    ["train", "runs/nosuch_run_dir"],
+    ["eval", "--model", "tiny", "eval.max_task=3"],
+    ["compare", "--config", "nosuch"],
+])
+def test_cli_config_errors_come_before_torch_is_imported(args):
+    """A config error is one line in well under a second and a half: nothing heavy is imported to find it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from lopd.cli import main; rc = main(sys.argv[1:]); "
+            "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'numpy'}); "
+            "print(rc, heavy)")
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "2 []", (out.stdout, out.stderr)
+    assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith("lopd: error: "), out.stderr
+
+
+def _help(capsys, *command: str) -> list[str]:
+    from lopd.cli import main
+
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    return capsys.readouterr().out.splitlines()
+
+
+def test_help_is_grouped_wrapped_and_lists_every_key(capsys):
+    for command in ([], ["train"], ["eval"], ["compare"], ["bank"], ["inspect"], ["demo"]):
+        wide = [line for line in _help(capsys, *command) if len(line) > 100]
+        assert not wide, (command, wide)
+    lines = _help(capsys, "train")
+    lines = lines[next(i for i, line in enumerate(lines) if line.startswith("config keys")) + 1:]
+    listed = {line.split()[0].split("=")[0] for line in lines if line.startswith("  ") and "=" in line.split()[0]}
+    assert listed == {key for key, _, _ in describe()}
+    headings = [line[:-1] for line in lines if line.endswith(":") and not line.startswith(" ")]
+    assert [h for h in headings if "." not in h] == ["run", "model", "env", "rollout", "algorithm", "optim", "train",
+                                                     "eval"]
+    assert {"algorithm.pg", "algorithm.lopd", "model.lora"} <= set(headings)
+    meaning_starts = {len(line) - len(line.lstrip()) for line in lines if line.startswith("   ")}
+    assert meaning_starts <= {6, 42}  # hanging indents: a wrapped default, or the meaning's column
+
+
+def test_eval_help_lists_only_what_evaluation_reads(capsys):
+    text = "\n".join(_help(capsys, "eval"))
+    assert "model.name=" in text and "eval.max_tasks=" in text and "rollout.max_new_tokens=" in text
+    assert "env.toolworld.seed=" in text and "train.device=" in text
+    assert "algorithm." not in text and "optim." not in text and "train.max_rollouts" not in text

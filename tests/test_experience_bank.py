@@ -1,15 +1,19 @@
 """The experience bank: persistence, crash safety under a real kill, retrieval and its exclusion rules."""
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import asdict
 
 import numpy as np
 import pytest
 
+from lopd.errors import LopdError
 from lopd.latent.experience_bank import Experience, ExperienceBank
 
 DIM = 8
@@ -181,3 +185,169 @@ def test_retrieval_metrics_count_same_category_and_same_task_hits():
     assert m["context/retrieval_same_task"] == pytest.approx(1 / 3)
     assert m["context/retrieved_per_task"] == pytest.approx(4 / 3)
     assert m["context/retrieval_similarity"] == pytest.approx((0.9 + 0.5 + 0.4 + 0.2) / 4)
+
+
+# ---------------------------------------------------------------- files that disagree, full and read-only disks
+
+
+def _bank(folder, n, rng, step=1):
+    bank = ExperienceBank(DIM, folder)
+    bank.add([_exp(i, step=step) for i in range(n)], _unit(rng, n))
+    return bank
+
+
+def _files(folder):
+    return (folder / "entries.jsonl").read_bytes(), (folder / "keys.f32").read_bytes()
+
+
+def test_keys_cut_short_with_every_entry_checkpointed_is_refused_naming_keys(tmp_path):
+    _bank(tmp_path, 6, np.random.default_rng(10))
+    with open(tmp_path / "keys.f32", "r+b") as f:
+        f.truncate(6 * DIM * 4 - 5)
+    before = _files(tmp_path)
+    for checkpointed in (6, None):
+        with pytest.raises(LopdError) as e:
+            ExperienceBank(DIM, tmp_path, checkpointed=checkpointed)
+        msg = str(e.value)
+        assert "\n" not in msg and "keys.f32: 187 bytes hold 5 keys of 8 floats and 27 bytes, for 6 entries" in msg
+        assert "refusing to drop" in msg
+        assert _files(tmp_path) == before  # nothing rewritten
+    look = ExperienceBank(DIM, tmp_path, readonly=True)  # a look reads what both files hold, and says so
+    assert len(look.entries) == 5 and "keys.f32" in look.disagreement and _files(tmp_path) == before
+
+
+def test_a_torn_append_beyond_the_checkpoint_is_repaired_keeping_checkpointed_entries_bit_for_bit(tmp_path):
+    rng = np.random.default_rng(11)
+    _bank(tmp_path, 5, rng)
+    lines, keys = _files(tmp_path)
+    new = [json.dumps({**asdict(_exp(5 + i, step=2)), "id": 5 + i}) + "\n" for i in range(3)]
+    with open(tmp_path / "keys.f32", "ab") as f:  # an append of 3 killed midway: every key, 2 lines and a half
+        f.write(_unit(rng, 3).tobytes())
+    with open(tmp_path / "entries.jsonl", "a") as f:
+        f.write(new[0] + new[1] + new[2][:30])
+    bank = ExperienceBank(DIM, tmp_path, checkpointed=5)
+    assert len(bank.entries) == 7 and "torn line" in bank.disagreement
+    after = _files(tmp_path)
+    assert after[0] == lines + (new[0] + new[1]).encode() and after[1][:len(keys)] == keys
+    assert len(after[1]) == 7 * DIM * 4
+    # keys cut short past the checkpoint: entries without a key are dropped, the checkpointed ones stay
+    with open(tmp_path / "keys.f32", "r+b") as f:
+        f.truncate(6 * DIM * 4 + 3)
+    bank = ExperienceBank(DIM, tmp_path, checkpointed=5)
+    assert [e.task_id for e in bank.entries] == [f"t{i}" for i in range(6)]
+    assert _files(tmp_path) == (lines + new[0].encode(), after[1][:6 * DIM * 4])
+    bank.add([_exp(9, step=3)], _unit(rng, 1))
+    assert ExperienceBank(DIM, tmp_path, checkpointed=5).entries[6].task_id == "t9"  # still aligned
+
+
+def test_a_torn_last_line_beyond_the_count_is_repaired(tmp_path):
+    rng = np.random.default_rng(12)
+    _bank(tmp_path, 4, rng)
+    lines, keys = _files(tmp_path)
+    with open(tmp_path / "entries.jsonl", "ab") as f:
+        f.write(b'{"evict": 1')  # a tombstone in flight
+    bank = ExperienceBank(DIM, tmp_path, checkpointed=4)
+    assert len(bank.entries) == 4 and bank.alive.all() and "ends in 11 bytes of a torn line" in bank.disagreement
+    assert _files(tmp_path) == (lines, keys)
+
+
+def test_a_bank_with_fewer_entries_than_checkpointed_is_refused(tmp_path):
+    _bank(tmp_path, 4, np.random.default_rng(13))
+    with pytest.raises(LopdError, match=r"entries.jsonl: 4 entries and 4 keys: refusing to drop an entry the last "
+                                        r"checkpoint holds \(6\)"):
+        ExperienceBank(DIM, tmp_path, checkpointed=6)
+    assert len(ExperienceBank(DIM, tmp_path, checkpointed=4).entries) == 4
+
+
+def test_a_damaged_line_is_refused_unless_only_unchecked_entries_follow_it(tmp_path):
+    _bank(tmp_path, 5, np.random.default_rng(14))
+    text = (tmp_path / "entries.jsonl").read_text().splitlines(keepends=True)
+    text[3] = "garbage\n"
+    (tmp_path / "entries.jsonl").write_text("".join(text))
+    with pytest.raises(LopdError, match=r"entries.jsonl: 3 entries \(.*entries.jsonl:4 is not a JSON line"):
+        ExperienceBank(DIM, tmp_path)
+    assert len(ExperienceBank(DIM, tmp_path, checkpointed=3).entries) == 3
+
+
+def test_a_rewrite_killed_between_its_renames_is_finished_or_undone(tmp_path):
+    rng = np.random.default_rng(15)
+    old, new = tmp_path / "old", tmp_path / "new"
+    _bank(old, 6, rng)
+    shutil.copytree(old, new)
+    ExperienceBank(DIM, new).truncate_after(0)  # the rewrite, done: no entries left
+    _bank(new, 2, rng, step=0)
+    # killed after keys.f32 was renamed, before entries.tmp was: the rewrite is finished on open
+    crashed = tmp_path / "crashed"
+    shutil.copytree(old, crashed)
+    shutil.copy(new / "keys.f32", crashed / "keys.f32")
+    shutil.copy(new / "entries.jsonl", crashed / "entries.tmp")
+    assert len(ExperienceBank(DIM, crashed, readonly=True).entries) == 2
+    assert len(ExperienceBank(DIM, crashed).entries) == 2 and _files(crashed) == _files(new)
+    assert not (crashed / "entries.tmp").exists()
+    # killed before any rename: the old files stand, the temporary ones go
+    shutil.copy(new / "keys.f32", old / "keys.tmp")
+    (old / "entries.tmp").write_text('{"task_id": "t0", "task_')
+    assert len(ExperienceBank(DIM, old).entries) == 6 and not list(old.glob("*.tmp"))
+
+
+def test_compaction_keeps_the_written_count_a_checkpoint_records(tmp_path):
+    rng = np.random.default_rng(16)
+    bank = ExperienceBank(DIM, tmp_path, capacity=2)
+    bank.add([_exp(i) for i in range(1005)], _unit(rng, 1005))  # 1003 evicted: compacted to the 2 left
+    assert len(bank.entries) == 2 and bank.written == 1005
+    again = ExperienceBank(DIM, tmp_path, capacity=2, checkpointed=1005)
+    assert again.written == 1005 and [e.task_id for e in again.entries] == ["t1003", "t1004"]
+
+
+def test_a_full_disk_during_an_append_is_one_line(tmp_path):
+    bank = _bank(tmp_path, 2, np.random.default_rng(17))
+    (tmp_path / "keys.f32").unlink()
+    (tmp_path / "keys.f32").symlink_to("/dev/full")  # every write: ENOSPC
+    with pytest.raises(LopdError, match=r"^no space left on device while writing .*keys.f32") as e:
+        bank.add([_exp(2)], _unit(np.random.default_rng(0), 1))
+    assert "\n" not in str(e.value)
+
+
+RO_WRITER = textwrap.dedent("""
+    import sys, numpy as np
+    from lopd.errors import LopdError
+    from lopd.latent.experience_bank import Experience, ExperienceBank
+    bank = ExperienceBank(8, sys.argv[1])
+    try:
+        bank.add([Experience("t9", "x", "y", 1.0, True)], np.eye(8, dtype=np.float32)[:1])
+    except LopdError as e:
+        print("error:", e)
+""")
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or subprocess.run(
+    ["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True).returncode != 0,
+    reason="needs unprivileged user and mount namespaces (unshare)")
+def test_a_read_only_disk_during_an_append_is_one_line(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    (tmp_path / "writer.py").write_text(RO_WRITER)
+    py = f"{sys.executable} {tmp_path / 'writer.py'} {disk / 'bank'}"
+    make = f"{sys.executable} -c 'from lopd.latent.experience_bank import ExperienceBank; ExperienceBank(8, \"{disk / 'bank'}\")'"
+    command = f"mount -t tmpfs tmpfs {disk} && {make} && mount -o remount,ro {disk} && {py}"
+    out = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", command], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.strip().endswith("keys.f32: cannot write (read-only file system)"), out.stdout + out.stderr[-2000:]
+    assert len(out.stdout.strip().splitlines()) == 1
+
+
+def test_lopd_bank_says_in_one_line_that_the_files_disagree(tmp_path, capsys):
+    from lopd.cli import main
+
+    folder = tmp_path / "run" / "bank"
+    bank = ExperienceBank(384, folder)
+    rng = np.random.default_rng(18)
+    keys = rng.standard_normal((3, 384)).astype(np.float32)
+    bank.add([_exp(i) for i in range(3)], keys / np.linalg.norm(keys, axis=1, keepdims=True))
+    with open(folder / "keys.f32", "r+b") as f:
+        f.truncate(3 * 384 * 4 - 5)
+    before = _files(folder)
+    assert main(["bank", str(tmp_path / "run")]) == 0
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "files disagree" in err and "keys.f32" in err and "shown: the 2 entries" in err
+    assert "2 live entries" in out and _files(folder) == before  # read, not repaired

@@ -85,13 +85,54 @@ PHASES = textwrap.dedent("""
     assert host_memory.start_phase_peak()
     small = torch.ones(20 << 18)  # 20 MiB
     second = host_memory.phase_peak_gib()
-    print(first, second, host_memory.peak_rss_gib())
+    hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 2**20
+    print(first, second, host_memory.peak_rss_gib(), hwm)
 """)
 
 
-@pytest.mark.skipif(not host_memory.start_phase_peak(), reason="no resettable RSS high-water mark (not Linux)")
+@pytest.mark.skipif(host_memory.rss_kib() is None, reason="no /proc/self/statm (not Linux)")
 def test_each_phase_reads_its_own_peak_and_the_process_keeps_its_own():
     out = subprocess.run([sys.executable, "-c", PHASES], capture_output=True, text=True, check=True)
-    first, second, process = map(float, out.stdout.split())
+    first, second, process, hwm = map(float, out.stdout.split())
     assert first - second > 0.15  # the 200 MiB phase peaked higher than the 20 MiB one ...
-    assert process >= first > 0.2  # ... and the process's peak survived the reset
+    assert process >= first > 0.2  # ... and the process's peak is the kernel's, which nothing reset
+    assert hwm == process
+
+
+PEAKS = textwrap.dedent("""
+    import threading, time, torch
+    from lopd import host_memory
+
+    def hwm_gib():  # read here, not through the module under test
+        line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+        return int(line.split()[1]) / 2**20
+
+    def phase(peaks, name, mib):
+        start = host_memory.rss_kib() / 2**20
+        peaks.start(name)
+        x = torch.ones(mib << 18)  # touched: resident
+        time.sleep(0.3)
+        del x
+        return peaks.stop(name), start + mib / 1024
+
+    peaks = host_memory.PhasePeaks()
+    big, big_true = phase(peaks, "big", 300)  # the process's new peak
+    small, small_true = phase(peaks, "small", 20)
+    again, again_true = phase(peaks, "again", 200)  # under the process's peak: the sampler's figure
+    time.sleep(0.1)
+    alive = any(t.name == "lopd-rss-sampler" for t in threading.enumerate())
+    print(big, big_true, small, small_true, again, again_true, hwm_gib(), host_memory.peak_rss_gib(), alive)
+""")
+
+
+@pytest.mark.skipif(host_memory.rss_kib() is None, reason="no /proc/self/statm (not Linux)")
+def test_phase_peaks_never_reset_the_kernels_mark_and_read_each_phase_within_10_percent():
+    out = subprocess.run([sys.executable, "-c", PEAKS], capture_output=True, text=True, check=True)
+    big, big_true, small, small_true, again, again_true, hwm, process, alive = out.stdout.split()
+    big, big_true, small, small_true, again, again_true, hwm, process = map(
+        float, (big, big_true, small, small_true, again, again_true, hwm, process))
+    assert hwm >= big_true - 0.03 and hwm == pytest.approx(process)  # two later phases reset nothing
+    assert abs(big - big_true) <= 0.1 * 300 / 1024, (big, big_true)  # within 10% of the phase's 300 MiB
+    assert abs(again - again_true) <= 0.1 * 200 / 1024, (again, again_true)  # sampled, below the mark
+    assert small < big - 0.2 and abs(small - small_true) <= 0.1 * big_true
+    assert alive == "False"  # no phase open, no sampler thread

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str):  # lazy: `import lopd` stays cheap, and the CLI imports what it needs
+    from lopd.quiet import silence_third_party
+
     if name in ("Env", "Score", "Task"):
         from lopd.envs import base
 
@@ -32,9 +34,11 @@ def __getattr__(name: str):  # lazy: `import lopd` stays cheap, and the CLI impo
     if name == "train":
         from lopd.loop import train
 
+        silence_third_party()  # the API shows what the CLI shows: no Hugging Face progress bars
         return train
     if name == "evaluate":
         from lopd.evaluation import evaluate
 
+        silence_third_party()
         return evaluate
     raise AttributeError(f"module 'lopd' has no attribute {name!r}")

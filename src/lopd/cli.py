@@ -4,13 +4,13 @@
     lopd train runs/grpo_toolworld_seed0              resume a run from its directory
     lopd eval --run runs/grpo_toolworld_seed0         evaluate a run's latest checkpoint
     lopd eval --model tiny --split test transfer      evaluate any model
-    lopd eval --model smollm2-135m --env acebench     ... on any env (acebench, bfcl:simple_python, humaneval)
-    lopd bank runs/lopd_toolworld_seed0 --query "book a flight to Rome"   inspect an experience bank
+    lopd eval --model smollm2-135m --env acebench     ... on any env (bfcl, humaneval, your own)
+    lopd bank runs/lopd_toolworld_seed0 --query "book a flight"   inspect an experience bank
     lopd inspect runs/lopd_toolworld_seed0            what its latent slots carry (inspect.png)
     lopd demo                                         the showcase on the bundled task and policy
 
-Config keys are listed by `lopd train --help`. Errors in configs, data or model paths end in one line
-that names the file, line or key.
+Config keys are listed by `lopd train --help`. Errors in configs, data or model paths end in one
+line that names the file, line or key.
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 from lopd.config import CONFIG_DIR, Config, EmbedderKind, config_path, describe, load_config
 from lopd.errors import ConfigError, LopdError
+from lopd.quiet import silence_third_party
+
 
 def split_args(items: list[str]) -> tuple[str | None, list[str]]:
     """Positional arguments: at most one run directory, then key=value overrides."""
@@ -33,17 +36,18 @@ def split_args(items: list[str]) -> tuple[str | None, list[str]]:
 
 
 def resolve_train_config(config: str | None, positional: list[str]) -> Config:
-    from lopd.runs import RunDir
-
+    """The config `lopd train` runs: a run directory's own (overrides on top), or --config's, which resumes
+    the run it names if that exists. Checked before torch is imported: a config error takes a second."""
     run_dir, overrides = split_args(positional)
     if run_dir is not None:
-        run = RunDir(run_dir)
-        if not run.exists():
+        saved = Path(run_dir) / "config.yaml"
+        if not saved.is_file():
             raise ConfigError(f"{run_dir}: not a run directory (no config.yaml); start one with --config")
         if config is not None:
             raise ConfigError("give either a run directory to resume or --config to start, not both")
-        return load_config(run.config_path, overrides + [f"run.dir={run_dir}"])
+        return load_config(saved, overrides + [f"run.dir={run_dir}"])
     cfg = load_config(config_path(config), overrides)
+    from lopd.runs import RunDir
     from lopd.session import run_dir_for
 
     run = RunDir(run_dir_for(cfg))
@@ -53,17 +57,15 @@ def resolve_train_config(config: str | None, positional: list[str]) -> Config:
 
 
 def cmd_train(args) -> int:
+    cfg = resolve_train_config(args.config, args.args)
     from lopd.loop import train
 
-    cfg = resolve_train_config(args.config, args.args)
     path = train(cfg)
     print(f"run directory: {path}\nreport: {path / 'report.md'}\ncurves: {path / 'curves.png'}")
     return 0
 
 
 def cmd_eval(args) -> int:
-    from lopd.evaluation import EvalResult, category_table, evaluate
-
     args.overrides += [s for s in args.split or [] if "=" in s]  # argparse's nargs="+" swallows them
     args.split = [s for s in args.split or [] if "=" not in s]
     if args.env:  # --env NAME or NAME:SPLIT (a plugin's path also has a colon: module:Class[:SPLIT])
@@ -76,7 +78,7 @@ def cmd_eval(args) -> int:
         elif not args.split and name != "toolworld":
             args.split = ["test"]
     if args.run:
-        from lopd.session import open_run
+        from lopd.runs import open_run  # no torch yet: a config error takes a second
 
         source, overrides = args.run, args.overrides
         opened = open_run(args.run, overrides)
@@ -84,6 +86,8 @@ def cmd_eval(args) -> int:
     else:
         source = load_config(config_path(args.config), args.overrides + ([f"model.name={args.model}"] if args.model else []))
         overrides, cfg, checkpoint = [], source, "initial weights"
+    from lopd.evaluation import EvalResult, category_table, evaluate
+
     # --json is written after every split and resumed from: splits it already holds under the same
     # settings are not evaluated again (a killed evaluation of a large benchmark keeps what it finished)
     import hashlib
@@ -135,9 +139,10 @@ def _bundled_envs() -> list[str]:
 def cmd_compare(args) -> int:
     from lopd.compare import cells as grid_cells
     from lopd.compare import load_grid, run_grid
-    from lopd.grid_report import write_grid_report
 
     grid = load_grid(config_path(args.config), args.grid_overrides)
+    from lopd.grid_report import write_grid_report
+
     if args.workers:
         grid.workers = args.workers
     cells = grid_cells(grid) if args.report_only else run_grid(grid)
@@ -164,13 +169,13 @@ def cmd_bank(args) -> int:
     folder = next((f for f in (run.bank_dir, run.skills_dir) if (f / "entries.jsonl").is_file()), None)
     if folder is None:
         raise ConfigError(f"{run.path}: no experience bank (bank/ or skills/ with entries.jsonl)")
-    keys = np.fromfile(folder / "keys.f32", dtype=np.float32)
     cfg = load_config(run.config_path) if run.exists() else load_config(None)
     minilm = cfg.algorithm.retrieval.embedder is EmbedderKind.minilm
-    dim = 384 if minilm else None
-    if dim is None:  # backbone keys: the width is whatever was written
-        dim = len(keys) // max(sum(1 for _ in (folder / "entries.jsonl").open()), 1)
-    bank = ExperienceBank(dim, folder)
+    dim = 384 if minilm else _hidden_size(cfg.model.name)  # backbone keys: the model's hidden states
+    bank = ExperienceBank(dim, folder, readonly=True)  # a look changes nothing, not even a torn tail
+    if bank.disagreement:
+        print(f"lopd: warning: the bank's files disagree ({bank.disagreement}); shown: the {len(bank.entries)} "
+              f"entries both hold", file=sys.stderr)
     live = [bank.entries[i] for i in np.flatnonzero(bank.alive)]
     print(f"{folder}: {bank.size} live entries ({len(bank.entries)} written), key width {dim}")
     if live:
@@ -189,6 +194,14 @@ def cmd_bank(args) -> int:
             print(f"  {sim:.3f}  [{'ok' if e.success else 'fail'} r={e.reward:.2f} step {e.step}] {e.task_text}\n"
                   f"         -> {e.trajectory}")
     return 0
+
+
+def _hidden_size(model: str) -> int:
+    """The hidden size of `model.name`'s backbone, from its config.json (the width of backbone bank keys)."""
+    from lopd.models import resolve_model
+
+    config = json.loads((resolve_model(model) / "config.json").read_text())
+    return int(config.get("hidden_size") or config["text_config"]["hidden_size"])
 
 
 def cmd_inspect(args) -> int:
@@ -219,25 +232,80 @@ def cmd_demo(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    keys = "\n".join(f"  {k:<36} {default:<12} {text}" for k, default, text in describe())
-    parser = argparse.ArgumentParser(prog="lopd", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,compare,bank,inspect,demo}")
+HELP_WIDTH = 100  # no line of --help is wider
+HELP_COLUMN = 42  # where each config key's meaning starts
+EVAL_KEYS = ("model.", "env.", "eval.max_tasks", "eval.temperature", "eval.batch_size", "rollout.max_new_tokens",
+             "rollout.max_turns", "train.device", "train.seed")  # what evaluation.evaluate_model reads
 
-    p = sub.add_parser("train", help="train a policy (or resume a run directory)",
-                       description="Train a policy with the configured algorithm, or resume a run directory. "
-                                   "Positional arguments: an optional run directory, then key=value overrides.",
-                       epilog="config keys (key, default, meaning):\n" + keys,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="YAML config file, or the name of a bundled one (grpo, demo, ...)")
-    p.add_argument("args", nargs="*", metavar="RUN_DIR|key=value")
+
+def key_lines(key: str, default: str, text: str) -> list[str]:
+    """One config key of --help: `key=default`, then its meaning from HELP_COLUMN on, wrapped at HELP_WIDTH
+    under a hanging indent (on the next line when `key=default` reaches into that column)."""
+    item = textwrap.wrap(f"{key}={default}", HELP_WIDTH - 2, subsequent_indent="    ", break_on_hyphens=False)
+    meaning = textwrap.wrap(text, HELP_WIDTH - HELP_COLUMN, break_on_hyphens=False) or [""]
+    pad = " " * HELP_COLUMN
+    if len(item) == 1 and len(item[0]) < HELP_COLUMN - 3:
+        return [f"  {item[0]:<{HELP_COLUMN - 2}}{meaning[0]}"] + [pad + m for m in meaning[1:]]
+    return [f"  {i}" for i in item] + [pad + m for m in meaning]
+
+
+def keys_help(keep) -> str:
+    """The config keys `keep` accepts, under a heading per section (run, model, model.lora, env, ...)."""
+    lines, section = [], None
+    for key, default, text in describe():
+        if keep(key):
+            if key.rpartition(".")[0] != section:
+                section = key.rpartition(".")[0]
+                lines += ["", f"{section}:"]
+            lines += key_lines(key, default, text)
+    return "\n".join(lines)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's layout at HELP_WIDTH columns; descriptions keep their lines (examples, key tables) and a
+    line too long is wrapped under its own indentation."""
+
+    def __init__(self, prog: str):
+        super().__init__(prog, width=HELP_WIDTH, max_help_position=30)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n".join(textwrap.fill(line, width, initial_indent=indent,
+                                        subsequent_indent=indent + " " * (len(line) - len(line.lstrip())))
+                         if line.strip() else "" for line in text.splitlines())
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose help may end with config keys (`keys`: which to list), formatted only when the
+    help is printed: listing them takes 0.1 s, which no other command should pay."""
+
+    def __init__(self, *args, keys=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.keys = keys
+
+    def format_help(self) -> str:
+        if self.keys is not None:
+            self.epilog, self.keys = self.epilog + "\n" + keys_help(self.keys), None
+        return super().format_help()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lopd", description=__doc__, formatter_class=HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,compare,bank,inspect,demo}",
+                                parser_class=Parser)
+
+    p = sub.add_parser("train", help="train a policy (or resume a run directory)", formatter_class=HelpFormatter,
+                       description="Train a policy with the configured algorithm, or resume a run directory.",
+                       epilog="config keys (key=default, meaning), by section:", keys=lambda key: True)
+    p.add_argument("--config", help="YAML config file, or the name of a bundled one (grpo, lopd, demo, ...)")
+    p.add_argument("args", nargs="*", metavar="RUN_DIR|key=value",
+                   help="a run directory to resume, then key=value overrides of the config keys below")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="evaluate a run's latest checkpoint or any model on held-out splits",
                        description="Evaluate the student alone (no context) on an env's splits; prints a "
-                                   "per-category table of success (in %).",
-                       epilog="config keys (key, default, meaning):\n" + keys,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   "per-category table of success (in %).", formatter_class=HelpFormatter,
+                       epilog="config keys evaluation reads (key=default, meaning), by section:",
+                       keys=lambda key: key.startswith(EVAL_KEYS))
     src = p.add_mutually_exclusive_group()
     src.add_argument("--run", help="run directory: its config and latest checkpoint")
     src.add_argument("--model", help="model name or folder (tiny, smollm2-135m, PATH)")
@@ -247,10 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", nargs="+", help="splits to evaluate (default: env.eval_splits, or `test`)")
     p.add_argument("--json", help="also write the results to this JSON file, after each split; a split it "
                                   "already holds under the same config and checkpoint is not evaluated again")
-    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of the config keys below")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("compare", help="run a grid of methods x seeds under one budget and write the report",
+    p = sub.add_parser("compare", formatter_class=HelpFormatter, help="run a grid of methods x seeds under one budget and write the report",
                        description="Run every (method, seed[, backbone, env]) of a grid file under one rollout budget, "
                                    "in parallel worker processes, then write report.md, report.json and figures. "
                                    "An interrupted grid continues where it stopped.")
@@ -263,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("grid_overrides", nargs="*", metavar="key=value", help="top-level grid keys, e.g. seeds=[0,1]")
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("bank", help="size, statistics and top entries of a run's experience bank",
+    p = sub.add_parser("bank", formatter_class=HelpFormatter, help="size, statistics and top entries of a run's experience bank",
                        description="Print the size and statistics of a run's experience bank (LOPD's bank/ or "
                                    "Skill-SD's skills/) and, with --query, its top entries for a request.")
     p.add_argument("run_dir", help="run directory")
@@ -272,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="include failed trajectories in the results")
     p.set_defaults(func=cmd_bank)
 
-    p = sub.add_parser("inspect", help="what an LOPD run's latent slots carry: attention, nearest tokens, Delta",
+    p = sub.add_parser("inspect", formatter_class=HelpFormatter, help="what an LOPD run's latent slots carry: attention, nearest tokens, Delta",
                        description="For a few held-out tasks: the retrieved experiences, the composer's attention of "
                                    "each latent slot over their tokens, each slot's nearest vocabulary token, and Delta "
                                    "on successes/failures over training. Writes RUN_DIR/inspect.png and inspect.md.")
@@ -282,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slots", type=int, default=48, help="slots drawn per task (default 48)")
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("demo", help="LOPD against GRPO and the self-distillation baselines on the bundled task",
+    p = sub.add_parser("demo", formatter_class=HelpFormatter, help="LOPD against GRPO and the self-distillation baselines on the bundled task",
                        description="The showcase: trains the bundled tiny policy on ToolWorld with GRPO, OPSD, SDPO, "
                                    "Skill-SD and LOPD under one rollout budget (configs/compare_demo.yaml), writes "
                                    "runs/demo (one run directory per method, report.md, report.json, curves.png) "
@@ -296,10 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # our own progress display is enough
-    hf_logging.set_verbosity_error()
+    silence_third_party()  # our own progress display is enough
     try:
         return args.func(args)
     except LopdError as e:

@@ -38,10 +38,9 @@ from pathlib import Path
 
 import yaml
 
-from lopd.config import load_config
+from lopd.config import load_config, to_yaml
 from lopd.errors import ConfigError
-from lopd.run_io import terminated_as_interrupt
-from lopd.runs import RunDir
+from lopd.runs import RunDir  # (loads no torch: `lopd compare` checks the grid before torch is imported)
 
 
 @dataclass
@@ -186,8 +185,6 @@ def _launch(grid: Grid, cell: Cell) -> subprocess.Popen:
     cfg = run_config(grid, cell)
     cell.path.mkdir(parents=True, exist_ok=True)
     run = RunDir(cell.path)
-    from lopd.config import to_yaml
-
     run.grid_config_path.write_text(to_yaml(cfg))
     env = {**os.environ, "OMP_NUM_THREADS": str(grid.threads_per_worker), "TOKENIZERS_PARALLELISM": "false"}
     log = open(run.train_log, "a")
@@ -202,6 +199,8 @@ def run_grid(grid: Grid, quiet: bool = False) -> list[Cell]:
     from rich.console import Console
     from rich.live import Live
     from rich.table import Table
+
+    from lopd.run_io import terminated_as_interrupt
 
     all_cells = cells(grid)
     todo = [c for c in all_cells if not is_finished(grid, c)]

@@ -9,6 +9,7 @@ expected type or choices, and a key that came from a YAML file names the file an
 
 from __future__ import annotations
 
+import difflib
 import enum
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -387,12 +388,27 @@ def _explain(e: OmegaConfBaseException, source: str, yaml_path: Path | None = No
         where = f"{yaml_path}:{line}"
     if isinstance(e, ConfigKeyError) or "not in" in str(e):
         parent, valid = _valid_keys(Config, key.split(".")[:-1])
-        return ConfigError(f"{where}: unknown config key '{key}'; valid keys under "
-                           f"'{parent or '<root>'}': {', '.join(valid)}")
+        guess = difflib.get_close_matches(key, dotted_keys(), n=1, cutoff=0.6)
+        hint = f"; did you mean '{guess[0]}'?" if guess else ""
+        return ConfigError(f"{where}: unknown config key '{key}'{hint} (valid keys under "
+                           f"'{parent or '<root>'}': {', '.join(valid)})")
     message = str(e).splitlines()[0]
     if isinstance(e, ValidationError):
         return ConfigError(f"{where}: bad value for '{key}': {message}")
     return ConfigError(f"{where}: {message}" + (f" (key '{key}')" if key else ""))
+
+
+def dotted_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every key of the tree, sections included ('train', 'train.max_rollouts', ...): what an unknown key
+    is matched against for "did you mean"."""
+    import typing
+
+    out = []
+    for name, t in typing.get_type_hints(cls).items():
+        out.append(prefix + name)
+        if is_dataclass(t):
+            out += dotted_keys(t, f"{prefix}{name}.")
+    return out
 
 
 def _field_type(cls: type, dotted: list[str]) -> Any:
@@ -442,7 +458,7 @@ def _merge_file(cfg, path: Path, seen: tuple) -> DictConfig:
         raise ConfigError(f"{path}: a config file must be a mapping of sections, got {type(data).__name__}")
     includes = data.pop("include", [])
     for inc in [includes] if isinstance(includes, str) else includes:
-        cfg = _merge_file(cfg, path.parent / inc, seen + (path.resolve(),))
+        cfg = _merge_file(cfg, _include_path(path, str(inc)), seen + (path.resolve(),))
     try:
         return OmegaConf.merge(cfg, OmegaConf.create(_listify(data)))
     except OmegaConfBaseException as e:
@@ -452,6 +468,29 @@ def _merge_file(cfg, path: Path, seen: tuple) -> DictConfig:
 CONFIG_DIR = Path(__file__).parent / "configs"
 
 
+def _bundled(name: str) -> Path | None:
+    """lopd/configs/NAME.yaml if NAME names a bundled config ('grpo'), else None."""
+    path = CONFIG_DIR / f"{name}.yaml"
+    return path if "/" not in name and path.is_file() else None
+
+
+def _bundled_names() -> str:
+    return ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+
+
+def _include_path(including: Path, name: str) -> Path:
+    """What `include: NAME` in `including` means: a file relative to it, else a bundled config's name
+    (`include: grpo`, as `--config grpo`)."""
+    path = including.parent / name
+    if path.is_file():
+        return path
+    if Path(name).suffix not in (".yaml", ".yml") and (bundled := _bundled(name)) is not None:
+        return bundled
+    line = _yaml_line(including, "include")
+    bundled_too = "" if Path(name).suffix in (".yaml", ".yml") else f" and no bundled config ({_bundled_names()})"
+    raise ConfigError(f"{including}{f':{line}' if line else ''}: include '{name}': no such file {path}{bundled_too}")
+
+
 def config_path(name: str | Path | None) -> Path | None:
     """A config file path, or the name of a bundled one ('grpo' -> lopd/configs/grpo.yaml)."""
     if name is None:
@@ -459,11 +498,9 @@ def config_path(name: str | Path | None) -> Path | None:
     path = Path(name)
     if path.is_file() or path.suffix in (".yaml", ".yml"):
         return path
-    bundled = CONFIG_DIR / f"{name}.yaml"
-    if bundled.is_file():
+    if (bundled := _bundled(str(name))) is not None:
         return bundled
-    choices = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
-    raise ConfigError(f"--config: '{name}' is neither a file nor a bundled config ({choices})")
+    raise ConfigError(f"--config: '{name}' is neither a file nor a bundled config ({_bundled_names()})")
 
 
 def load_config(path: str | Path | list | None = None, overrides: list[str] | None = None) -> Config:
@@ -582,5 +619,18 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]
             help_text = f.metadata.get("help", "") or comments.get(f.name, "")
             if isinstance(choices, type) and issubclass(choices, enum.Enum):
                 help_text += f" [{'|'.join(c.value for c in choices)}]"
-            rows.append((prefix + f.name, repr(shown), help_text))
+            rows.append((prefix + f.name, as_override(shown), help_text))
     return rows
+
+
+def as_override(value: Any) -> str:
+    """A value as it is typed after `key=` on the command line: true, null, '', [test, transfer]."""
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(as_override(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {as_override(v)}" for k, v in value.items()) + "}"
+    return "''" if value == "" else str(value)

@@ -94,8 +94,11 @@ def evaluate(source, *, env: Env | None = None, splits: Sequence[str] | None = N
     called with each split's result as soon as it is done (the CLI saves it, so a killed run resumes)."""
     from lopd.config import Config, with_overrides
     from lopd.envs import build_env
-    from lopd.session import OpenRun, env_tasks, given_env, open_run
+    from lopd.quiet import silence_third_party
+    from lopd.runs import OpenRun, open_run
+    from lopd.session import env_tasks, given_env
 
+    silence_third_party()
     opened = OpenRun(None, with_overrides(source, list(overrides)), None) if isinstance(source, Config) \
         else open_run(source, overrides)
     cfg = opened.cfg

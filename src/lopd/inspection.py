@@ -26,7 +26,7 @@ def inspect_run(run_dir: str | Path, *, tasks: int = 3, split: str | None = None
     from lopd.envs import build_env
     from lopd.latent.experience_bank import ExperienceBank
     from lopd.prompts import context_span, task_text
-    from lopd.session import open_run
+    from lopd.runs import open_run
 
     opened = open_run(run_dir)
     run, cfg, checkpoint = opened.run, opened.cfg, opened.checkpoint
@@ -109,47 +109,83 @@ def slot_summary(added: torch.Tensor, weights: torch.Tensor | None = None) -> di
     return out
 
 
+MAX_SLOT_ROWS = 40  # slot rows drawn per task: more would need a font too small to read
+FONT = 8  # points, for every tick label (at dpi 110: 12 pixels)
+ROW_INCHES = 0.17  # height of one slot row, so its 8-point label does not touch the next
+X_LABELS = 100  # at most this many memory-token labels under a heatmap (about 0.15 inch apart)
+
+
 def _draw(path: Path, panels, metrics, tokenizer, slots: int) -> None:
+    """inspect.png (`inspect_figure`), cropped to what is drawn: no label is clipped, whatever its length."""
+    import matplotlib.pyplot as plt
+
+    fig = inspect_figure(panels, metrics, tokenizer, slots)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def inspect_figure(panels, metrics, tokenizer, slots: int):
+    """Over training, Δ, the privilege and the gate; then per task a heatmap of the attention of each latent
+    slot (rows, at most MAX_SLOT_ROWS) over the retrieved experiences' tokens (columns), with a colorbar.
+    `panels`: (task, token ids under the slots, nearest tokens (.indices), attention [K, M] or None, memory
+    token ids) per task, as `inspect_run` gathers them."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = 1 + len(panels)
-    fig = plt.figure(figsize=(18, 3.6 + 4.2 * len(panels)), constrained_layout=True)
-    grid = fig.add_gridspec(rows, 3, height_ratios=[3.2] + [4.2] * len(panels))
+    shown = [min(slots, MAX_SLOT_ROWS, len(under)) for _, under, _, _, _ in panels]
+    heights = [3.4] + [ROW_INCHES * n + 2.4 for n in shown]  # rows, plus the title and the rotated x labels
+    fig = plt.figure(figsize=(18, sum(heights)), layout="constrained")
+    grid = fig.add_gridspec(len(heights), 3, height_ratios=heights)
+    _draw_training([fig.add_subplot(grid[0, j]) for j in range(3)], metrics)
+    for i, (panel, n) in enumerate(zip(panels, shown), 1):
+        _draw_attention(fig, fig.add_subplot(grid[i, :]), panel, n, tokenizer)
+    return fig
+
+
+def _draw_training(axes, metrics) -> None:
+    """Three panels over the rollouts: Δ on successes and failures, the privilege mean A·Δ, the gate."""
     series = {k: [(r["rollouts"], r[k]) for r in metrics if k in r] for k in
               ("context/delta_success", "context/delta_failure", "context/privilege", "context/gate")}
-    ax = fig.add_subplot(grid[0, 0])
-    for k, label in (("context/delta_success", "successes"), ("context/delta_failure", "failures")):
-        if series[k]:
-            ax.plot(*zip(*series[k]), label=label)
-    ax.axhline(0, color="grey", lw=0.8)
-    ax.set(title="Δ: latent teacher vs context-free model (nats/token)", xlabel="rollouts")
-    ax.legend()
-    for j, (k, title) in enumerate((("context/privilege", "privilege: mean A·Δ"), ("context/gate", "gate tanh(g)")), 1):
-        ax = fig.add_subplot(grid[0, j])
-        if series[k]:
-            ax.plot(*zip(*series[k]))
-        ax.set(title=title, xlabel="rollouts")
+    panels = [([("context/delta_success", "successes"), ("context/delta_failure", "failures")],
+               "Δ: latent teacher vs context-free model", "Δ (nats/token)"),
+              ([("context/privilege", None)], "Privilege: mean A·Δ over the batch", "A·Δ (nats/token)"),
+              ([("context/gate", None)], "Gate of the composer's additions", "tanh(g)")]
+    for ax, (curves, title, ylabel) in zip(axes, panels):
+        for key, label in curves:
+            if series[key]:
+                ax.plot(*zip(*series[key]), marker="o" if len(series[key]) <= 30 else None, ms=4, label=label)
+        if len(curves) > 1 and ax.lines:
+            ax.legend()
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set(title=title, xlabel="rollouts (sampled trajectories)", ylabel=ylabel)
         ax.grid(alpha=0.3)
-    for i, (task, under, nearest, weights, memory_tokens) in enumerate(panels, 1):
-        ax = fig.add_subplot(grid[i, :])
-        shown = min(slots, len(under))
-        if weights is not None and shown:
-            w = weights[:shown].float().numpy()
-            ax.imshow(w, aspect="auto", cmap="viridis", interpolation="nearest")
-            step = max(1, len(memory_tokens) // 90)
-            ax.set_xticks(range(0, len(memory_tokens), step))
-            ax.set_xticklabels([tokenizer.decode([t]).replace("\n", "⏎") for t in memory_tokens[::step]], rotation=90,
-                               fontsize=6)
-            labels = []
-            for k in range(shown):
-                a, b = tokenizer.decode([under[k]]), tokenizer.decode([int(nearest.indices[k])])
-                labels.append(f"{k}: {a!r}" + ("" if a == b else f" → {b!r}"))
-            ax.set_yticks(range(shown))
-            ax.set_yticklabels(labels, fontsize=6)
-        ax.set_title(f"{task.id}: attention of the first {shown} slots (rows: the context token under each slot "
-                     f"→ its nearest token if rewritten) over the retrieved experiences' tokens", fontsize=9)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+
+
+def _slot_label(tokenizer, under: int, nearest: int, k: int) -> str:
+    """'k: token under the slot', and '→ its nearest token' where the composer rewrote it."""
+    a, b = tokenizer.decode([under]), tokenizer.decode([nearest])
+    return f"{k}: {a!r}" + ("" if a == b else f" → {b!r}")
+
+
+def _draw_attention(fig, ax, panel, shown: int, tokenizer) -> None:
+    task, under, nearest, weights, memory_tokens = panel
+    ax.set_title(f"{task.id}: attention of the first {shown} of {len(under)} latent slots over the retrieved "
+                 f"experiences' tokens (last resampler layer)", fontsize=10)
+    if weights is None or not shown:
+        ax.text(0.5, 0.5, "no attention recorded", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return
+    image = ax.imshow(weights[:shown].float().numpy(), aspect="auto", cmap="viridis", interpolation="nearest")
+    fig.colorbar(image, ax=ax, pad=0.01, fraction=0.03, label="attention weight")
+    step = -(-len(memory_tokens) // X_LABELS)
+    ax.set_xticks(range(0, len(memory_tokens), step))
+    ax.set_xticklabels([tokenizer.decode([t]).replace("\n", "⏎") for t in memory_tokens[::step]], rotation=90,
+                       fontsize=FONT)
+    ax.set_yticks(range(shown))
+    ax.set_yticklabels([_slot_label(tokenizer, under[k], int(nearest.indices[k]), k) for k in range(shown)],
+                       fontsize=FONT)
+    ax.set_xlabel("tokens of the retrieved experiences (request -> answer, in retrieval order"
+                  + (f"; one in {step} labelled)" if step > 1 else ")"))
+    ax.set_ylabel("slot: token under it (→ nearest token if rewritten)")

@@ -38,6 +38,7 @@ from lopd.config import Config, to_yaml
 from lopd.envs import Env
 from lopd.errors import LopdError
 from lopd.evaluation import evaluate_split
+from lopd.quiet import silence_third_party
 from lopd.rollout import RolloutBatch
 from lopd.run_io import Progress, Terminated, Timer, tensorboard_writer, terminated_as_interrupt
 from lopd.session import RunState, Session, build, group_seed, restore, tasks_for_step
@@ -49,6 +50,7 @@ __all__ = ["fit", "train", "build", "restore", "RunState", "Session", "update"]
 def train(cfg: Config, *, env: Env | None = None, stop_after: int | None = None, quiet: bool = False) -> Path:
     """Run (or resume) training; returns the run directory. `stop_after` ends this process after that
     many steps without a final checkpoint, as a crash would (tests use it)."""
+    silence_third_party()
     session = build(cfg, env)
     try:
         session.resuming = dist.broadcast(session.world, session.run.exists())

@@ -89,6 +89,13 @@ def load_tokenizer(folder: str | Path):
     return tokenizer
 
 
+def pick_device(name: str) -> torch.device:
+    """`train.device`: 'auto' (CUDA if there is one), 'cpu', 'cuda' or 'cuda:N'."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 def load_policy(cfg, device: torch.device | str = "cpu"):
     """(model, tokenizer) for a `ModelConfig`; with `cfg.lora.enabled` the model is a peft LoRA model."""
     from transformers import AutoModelForCausalLM

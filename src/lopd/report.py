@@ -41,54 +41,96 @@ def _fitted(values: list[float], floor: float = 0.0) -> tuple[float, float]:
     return max(floor, lo - pad), hi + pad
 
 
+LOSS_TERMS = ("loss/pg", "loss/distill", "loss/margin", "loss/kl_ref")  # what the update minimises, one panel each
+DIAGNOSTICS = ("loss/ratio", "loss/clip_frac")  # the PPO ratio (~1 on-policy) and its clipped share: a small panel
+
+
+def _line(ax, pts: list[tuple[float, float]], **kw) -> None:
+    """A curve through `pts`, with markers while there are few enough points to see them."""
+    if pts:
+        ax.plot(*zip(*pts), marker="o" if len(pts) <= 30 else None, ms=4, **kw)
+
+
+def _series(rows: list[dict], key: str, scale: float = 1.0) -> list[tuple[float, float]]:
+    return [(r["rollouts"], scale * r[key]) for r in rows if key in r]
+
+
+def _plot_success(ax, rows: list[dict]) -> None:
+    seen = []
+    for split in eval_splits(rows):
+        pts = _series(rows, f"eval/{split}/success", 100.0)
+        _line(ax, pts, label=split)
+        seen += [y for _, y in pts]
+    if seen:
+        ax.set_ylim(*_fitted(seen))
+        ax.legend(title="split")
+    ax.set(xlabel="rollouts (sampled trajectories)", ylabel="success (%)", title="Held-out success (greedy, student alone)")
+
+
+def _plot_reward(ax, train: list[dict]) -> None:
+    _line(ax, _series(train, "reward/mean"), label="mean reward")
+    if any(r.get("reward/success") != r.get("reward/mean") for r in train):  # partial rewards: success differs
+        _line(ax, _series(train, "reward/success"), label="success rate", ls="--")
+        ax.legend()
+    ax.set_ylim(-0.05, 1.05)
+    ax.set(xlabel="rollouts (sampled trajectories)", ylabel="reward (batch mean)", title="Training rollouts")
+
+
+def _plot_time(ax, train: list[dict]) -> None:
+    bottom = [0.0] * len(train)
+    for key in sorted({k for r in train for k in r if k.startswith("time/")}):
+        vals = [r.get(key, 0.0) for r in train]
+        ax.bar([r["step"] for r in train], vals, bottom=bottom, label=key.removeprefix("time/"))
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    if ax.patches:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never over them
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set(xlabel="step", ylabel="seconds", title="Time per step, by phase")
+
+
 def plot_curves(metrics: list[dict], path: Path, title: str = "") -> None:
-    """Four panels: held-out success, training-batch success, the loss terms, seconds per phase."""
+    """curves.png of a run (`curves_figure`)."""
+    import matplotlib.pyplot as plt
+
+    fig = curves_figure(metrics, title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def curves_figure(metrics: list[dict], title: str = ""):
+    """Top row: held-out success, the training batches' reward, seconds per phase. Bottom row: each loss term
+    on its own axes (their scales differ by orders of magnitude), then the PPO ratio and clip fraction on a
+    small axis of their own (the ratio sits at ~1 and would flatten the losses)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = eval_rows(metrics)
-    train = [r for r in metrics if "reward/success" in r]
-    fig, axes = plt.subplots(1, 4, figsize=(20, 4), constrained_layout=True)
-    ax1, ax2, ax3, ax4 = axes
-    seen: list[float] = []
-    for split in eval_splits(rows):
-        pts = [(r["rollouts"], 100 * r[f"eval/{split}/success"]) for r in rows if f"eval/{split}/success" in r]
-        ax1.plot(*zip(*pts), marker="o", label=split)
-        seen += [y for _, y in pts]
-    ax1.set(xlabel="rollouts (sampled trajectories)", ylabel="held-out success (%)", title="Held-out success (greedy)")
-    if seen:
-        ax1.set_ylim(*_fitted(seen))
-        ax1.legend()
-    if train:
-        xs = [r["rollouts"] for r in train]
-        ys = [100 * r["reward/success"] for r in train]
-        ax2.plot(xs, ys, alpha=0.8, label="train batch success")
-        ax2.set_ylim(*_fitted(ys))
-        ax2.legend()
-        for key in sorted({k for r in train for k in r if k.startswith("loss/") and k != "loss/clip_frac"}):
-            pts = [(r["rollouts"], r[key]) for r in train if key in r]
-            ax3.plot(*zip(*pts), label=key.removeprefix("loss/"))
-        if ax3.lines:
-            ax3.legend(fontsize=8)
-        phases = sorted({k for r in train for k in r if k.startswith("time/")})
-        bottom = [0.0] * len(train)
-        for key in phases:
-            vals = [r.get(key, 0.0) for r in train]
-            ax4.bar(range(1, len(train) + 1), vals, bottom=bottom, label=key.removeprefix("time/"))
-            bottom = [b + v for b, v in zip(bottom, vals)]
-        if phases:
-            ax4.legend(fontsize=8)
-    ax2.set(xlabel="rollouts (sampled trajectories)", ylabel="success of sampled rollouts (%)", title="Training rollouts")
-    ax3.set(xlabel="rollouts (sampled trajectories)", ylabel="loss", title="Loss terms")
-    ax4.set(xlabel="step", ylabel="seconds", title="Time per step, by phase")
-    for ax in axes:
+    train = [r for r in metrics if "reward/mean" in r]
+    losses = [k for k in LOSS_TERMS if any(k in r for r in train)] or ["loss/pg"]
+    diagnostics = [k for k in DIAGNOSTICS if any(k in r for r in train)]
+    fig = plt.figure(figsize=(16, 8), layout="constrained")
+    top, bottom = fig.subfigures(2, 1)
+    ax1, ax2, ax3 = top.subplots(1, 3)
+    _plot_success(ax1, eval_rows(metrics))
+    _plot_reward(ax2, train)
+    _plot_time(ax3, train)
+    axes = bottom.subplots(1, len(losses) + bool(diagnostics), squeeze=False,
+                           width_ratios=[1.0] * len(losses) + [0.6] * bool(diagnostics))[0]
+    for ax, key in zip(axes, losses):
+        _line(ax, _series(train, key))
+        ax.set(xlabel="rollouts (sampled trajectories)", ylabel=key.removeprefix("loss/"),
+               title=f"Loss term: {key.removeprefix('loss/')}")
+    if diagnostics:
+        for key in diagnostics:
+            _line(axes[-1], _series(train, key), label=key.removeprefix("loss/"))
+        axes[-1].legend(fontsize=8)
+        axes[-1].set(xlabel="rollouts", ylabel="ratio, fraction", title="PPO ratio, clip fraction")
+    for ax in [ax1, ax2, ax3, *axes]:
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def health_line(rows: list[dict], run: RunDir) -> str:

@@ -19,23 +19,27 @@ if TYPE_CHECKING:
 
 
 class Timer:
-    """Wall-clock seconds per named phase, and the phase's peak resident memory where the kernel can reset
-    its high-water mark (Linux). On a GPU each phase ends with a synchronise, so queued kernels are charged
-    to the phase that launched them."""
+    """Wall-clock seconds per named phase, and the phase's peak resident memory (Linux; `host_memory.PhasePeaks`:
+    the kernel's peak-RSS mark is never reset, so `/usr/bin/time -v` and cgroup accounting still see the
+    process's true peak). On a GPU each phase ends with a synchronise, so queued kernels are charged to the
+    phase that launched them."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
         self.peaks: dict[str, float] = {}
+        self.memory = host_memory.PhasePeaks()
         self.sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
 
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
-        tracked = host_memory.start_phase_peak()
+        tracked = self.memory.start(phase)
         start = time.perf_counter()
-        yield
-        self.sync()
+        try:
+            yield
+            self.sync()
+        finally:
+            peak = self.memory.stop(phase) if tracked else None
         self.seconds[f"time/{phase}"] = self.seconds.get(f"time/{phase}", 0.0) + time.perf_counter() - start
-        peak = host_memory.phase_peak_gib() if tracked else None
         if peak is not None:
             key = f"memory/peak_rss_gib/{phase}"
             self.peaks[key] = max(self.peaks.get(key, 0.0), peak)

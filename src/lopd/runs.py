@@ -41,12 +41,10 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Sequence
 
-import numpy as np
-import torch
-
-from lopd.errors import LopdError
+from lopd.errors import ConfigError, LopdError
 
 CHECKPOINT_PREFIX = "step_"
 MANIFEST = "manifest.json"
@@ -360,12 +358,22 @@ class RunDir:
             raise write_error(e, tmp) or e
         return PendingCheckpoint(self, tmp, final, keep)
 
+    def checkpointed_algorithm_state(self) -> dict | None:
+        """The algorithm's state in the newest checkpoint that verifies (what a resume will restore); None
+        without a checkpoint. Read by an algorithm opening its files before the resume (the bank's count)."""
+        import torch
+
+        folder = self.latest_checkpoint()
+        return None if folder is None else torch.load(folder / "state.pt", weights_only=False).get("algorithm", {})
+
     def load_checkpoint(self, folder: Path, model, optimizer) -> dict:
         from lopd.models import load_weights
 
         from lopd.fsdp import is_sharded, load_optimizer_state
 
         load_weights(model, folder / "model")
+        import torch
+
         saved = torch.load(folder / "optimizer.pt", weights_only=False)
         load_optimizer_state(optimizer, saved) if is_sharded(model) else optimizer.load_state_dict(saved)
         state = torch.load(folder / "state.pt", weights_only=False)
@@ -376,6 +384,8 @@ class RunDir:
 
 
 def _save(obj: Any, path: Path) -> None:
+    import torch
+
     with open(path, "wb") as f:  # a Python file object: a full disk raises OSError(ENOSPC), not an iostream error
         torch.save(obj, f)
 
@@ -403,11 +413,17 @@ def how_it_ended(status: dict) -> str:
 
 
 def rng_state() -> dict:
+    import numpy as np
+    import torch
+
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
 
 def set_rng_state(state: dict) -> None:
+    import numpy as np
+    import torch
+
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -416,6 +432,47 @@ def set_rng_state(state: dict) -> None:
 
 
 def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+# ------------------------------------------------------------------------------ reading a run
+# (importing this module loads no torch: the CLI checks a run's config before torch is imported)
+
+
+@dataclass
+class OpenRun:
+    """A run directory opened to be read: its config (with any overrides) and its newest checkpoint."""
+
+    run: RunDir | None  # None: a config's initial model, no run directory
+    cfg: Any  # lopd.config.Config
+    checkpoint: Path | None  # None: no checkpoint yet (the initial weights)
+
+    @property
+    def weights(self) -> str:
+        """Which weights a reader of this run gets, in words."""
+        return str(self.checkpoint) if self.checkpoint is not None else "initial weights"
+
+    def load_model(self, device=None):
+        """(model, tokenizer) with the newest checkpoint's weights (or the initial ones), on `device` (default:
+        `train.device`)."""
+        from lopd.models import load_policy, load_weights, pick_device
+
+        model, tokenizer = load_policy(self.cfg.model, device if device is not None else pick_device(self.cfg.train.device))
+        if self.checkpoint is not None:
+            load_weights(model, self.checkpoint / "model")
+        return model, tokenizer
+
+
+def open_run(path: str | Path, overrides: Sequence[str] = ()) -> OpenRun:
+    """A run directory's config and newest verified checkpoint; a one-line ConfigError if it is none."""
+    from lopd.config import load_config
+
+    run = RunDir(path)
+    if not run.exists():
+        raise ConfigError(f"{path}: not a run directory (no config.yaml)")
+    return OpenRun(run, load_config(run.config_path, list(overrides)), run.latest_checkpoint())

@@ -3,8 +3,6 @@
     session = build(cfg)          env, policy + tokenizer, algorithm (its teachers, bank, composer), AdamW,
                                   rollout engine, run directory (locked; nothing written yet)
     state = restore(session)      the newest checkpoint that verifies, or a fresh `RunState`
-    opened = open_run(path)       a run directory's config and newest checkpoint, for evaluation, inspection
-                                  and the CLI (nothing is locked or written)
 
 and the small helpers those need: the device, the env's splits as one-line errors, the step's tasks and
 the groups' sampling seeds (functions of the config and the step alone).
@@ -20,11 +18,11 @@ import torch
 
 from lopd import dist, fsdp
 from lopd.algorithms import Algorithm, build_algorithm
-from lopd.config import Config, RolloutEngine, load_config
+from lopd.config import Config, RolloutEngine
 from lopd.dist import World
 from lopd.envs import Env, Task, build_env
 from lopd.errors import ConfigError, LopdError
-from lopd.models import copies_of, load_policy, load_weights, trainable_parameters
+from lopd.models import copies_of, load_policy, trainable_parameters
 from lopd.prompts import encode_prompt
 from lopd.runs import RunDir, seed_everything
 
@@ -62,12 +60,6 @@ class Session:
 def run_dir_for(cfg: Config) -> Path:
     env = cfg.env.name.replace(":", "_").replace(".", "_").replace("/", "_")
     return Path(cfg.run.dir or f"runs/{cfg.algorithm.name}_{env}_seed{cfg.train.seed}")
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def tasks_for_step(tasks: Sequence[Task], step: int, per_step: int, seed: int) -> list[Task]:
@@ -200,35 +192,3 @@ def restore(session: Session) -> RunState:
     session.resumed_from = checkpoint
     dist.barrier(world)
     return state
-
-
-# ------------------------------------------------------------------------------ reading a run
-
-
-@dataclass
-class OpenRun:
-    """A run directory opened to be read: its config (with any overrides) and its newest checkpoint."""
-
-    run: RunDir
-    cfg: Config
-    checkpoint: Path | None  # None: no checkpoint yet (the initial weights)
-
-    @property
-    def weights(self) -> str:
-        """Which weights a reader of this run gets, in words."""
-        return str(self.checkpoint) if self.checkpoint is not None else "initial weights"
-
-    def load_model(self, device: torch.device | str | None = None):
-        """(model, tokenizer) with the newest checkpoint's weights (or the initial ones)."""
-        model, tokenizer = load_policy(self.cfg.model, device if device is not None else pick_device(self.cfg.train.device))
-        if self.checkpoint is not None:
-            load_weights(model, self.checkpoint / "model")
-        return model, tokenizer
-
-
-def open_run(path: str | Path, overrides: Sequence[str] = ()) -> OpenRun:
-    """A run directory's config and newest verified checkpoint; a one-line ConfigError if it is none."""
-    run = RunDir(path)
-    if not run.exists():
-        raise ConfigError(f"{path}: not a run directory (no config.yaml)")
-    return OpenRun(run, load_config(run.config_path, list(overrides)), run.latest_checkpoint())

@@ -75,6 +75,9 @@ class RetrievalMixin:
         self.memory.remember(batch, step)
         return {}
 
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "bank_written": self.memory.bank.written}
+
     def load_state_dict(self, state, step):
         super().load_state_dict(state, step)
         self.memory.bank.truncate_after(step)

@@ -19,6 +19,7 @@ from lopd.config import SkillExtractor
 from lopd.envs.calls import ParseFailure, parse_calls, render_calls
 from lopd.latent.embedder import build_embedder
 from lopd.latent.experience_bank import Experience, ExperienceBank
+from lopd.latent.memory import checkpointed_count
 from lopd.prompts import context_skills, encode_prompt, task_text
 
 SUMMARY_PROMPT = ("Here is a request and a correct answer to it. In one short sentence, state the lesson "
@@ -43,7 +44,8 @@ class SkillSD(SelfDistillation):
         run = runtime.get("run")
         folder = run.skills_dir if run is not None else None
         self.library = ExperienceBank(self.embedder.dim, folder, capacity=self.cfg.algorithm.skill.capacity,
-                                      readonly=run is not None and not run.writer)
+                                      readonly=run is not None and not run.writer,
+                                      checkpointed=checkpointed_count(run, "library_written"))
 
     def privileged_contexts(self, batch, step):
         k = self.cfg.algorithm.skill
@@ -81,6 +83,9 @@ class SkillSD(SelfDistillation):
         with self.teacher.active() as model:
             out = sample(model, tok, prompts, temperature=0.0, max_new_tokens=48)
         return [t.strip().splitlines()[0] if t.strip() else "" for t in out.completions]
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "library_written": self.library.written}
 
     def load_state_dict(self, state, step):
         super().load_state_dict(state, step)

@@ -1,11 +1,18 @@
 """The experience bank: every scored trajectory worth remembering, persisted, with top-k retrieval.
 
 On disk, in the run directory (append-only, crash-safe):
-    bank/entries.jsonl   one JSON object per entry, or {"evict": id} tombstones
+    bank/entries.jsonl   one JSON object per entry, or {"evict": id} tombstones; after a compaction, a first
+                         line {"compacted": n}: the entries it removed, so `written` never goes down
     bank/keys.f32        the entries' embedding keys, float32 rows in the same order
-Each add writes the keys first, then the JSON lines, then flushes and fsyncs. A process killed in the
-middle leaves a bank that loads, missing at most the entries in flight: on load, a torn last line is
-dropped and keys beyond the last complete entry are ignored (and cut off before the next append).
+Each add writes the keys first, then the JSON lines, each flushed and fsynced. A process killed in the
+middle leaves keys beyond the last entry, or a last line without its newline: the entries in flight. A
+rewrite (compaction, `truncate_after`) writes keys.tmp and entries.tmp, then renames keys, then entries.
+
+Opening a bank checks that the files agree (keys.f32 holds exactly entries x dim floats, every line
+parses, no rewrite left half done). Where they do not, the tail they disagree on is cut off, but only
+down to the count the caller says is safe (`checkpointed`: the `written` count its last checkpoint
+recorded; without one, every complete entry): a repair that would drop a checkpointed entry is refused
+with one line naming the file and the sizes. A full or read-only disk fails every write in one line.
 
 Retrieval: cosine similarity of unit keys, one matrix product over the live entries and a top-k, with
 exclusion rules: never the trajectory being scored, never its own sampling group (that is SDPO's
@@ -16,14 +23,16 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
 
 from lopd.config import Eviction, choice
+from lopd.errors import LopdError
 
 
 @dataclass
@@ -47,22 +56,86 @@ class Retrieved:
     similarity: list[list[float]]  # [Q][<=k]
 
 
+@contextmanager
+def _writing(path: Path):
+    """A full or read-only disk while writing `path` is one LopdError line (runs.write_error)."""
+    try:
+        yield
+    except OSError as e:
+        from lopd.runs import write_error
+
+        raise (write_error(e, path) or e) from None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class EntriesFile(NamedTuple):
+    rows: list[dict]  # the entries, in order, up to the first line that is not JSON
+    evicted: list[int]  # ids of the {"evict": id} tombstones
+    compacted: int  # the {"compacted": n} header (0 without)
+    complete: int  # bytes up to the last newline
+    unread: int  # complete lines from the first bad one on (damage: never a torn write)
+    problem: str | None  # what is torn or damaged, in words
+
+
+def _read_entries(path: Path) -> EntriesFile:
+    """An entries file as `EntriesFile`: a last line without its newline is the entry in flight, a complete
+    line that is not JSON is damage, and neither it nor any line after it is read."""
+    raw = path.read_bytes() if path.is_file() else b""
+    complete = raw.rfind(b"\n") + 1
+    lines = raw[:complete].splitlines()
+    rows, evicted, compacted = [], [], 0
+    for number, line in enumerate(lines, 1):
+        try:
+            obj = json.loads(line) if line.strip() else {}
+        except ValueError:  # not JSON, or not UTF-8
+            return EntriesFile(rows, evicted, compacted, complete, len(lines) - number + 1,
+                               f"{path}:{number} is not a JSON line")
+        if "evict" in obj:
+            evicted.append(obj["evict"])
+        elif "compacted" in obj:
+            compacted = int(obj["compacted"])
+        elif obj:
+            rows.append(obj)
+    torn = f"{path} ends in {len(raw) - complete} bytes of a torn line" if len(raw) > complete else None
+    return EntriesFile(rows, evicted, compacted, complete, 0, torn)
+
+
+def _cut(path: Path, size: int) -> None:
+    """Truncate `path` to `size` bytes, durably (nothing to do if it is no longer)."""
+    if path.is_file() and path.stat().st_size > size:
+        with _writing(path), open(path, "r+b") as f:
+            f.truncate(size)
+            os.fsync(f.fileno())
+
+
 class ExperienceBank:
     def __init__(self, dim: int, folder: str | Path | None = None, capacity: int = 0,
-                 eviction: Eviction | str = Eviction.fifo, readonly: bool = False):
+                 eviction: Eviction | str = Eviction.fifo, readonly: bool = False, checkpointed: int | None = None):
         """`readonly`: load `folder` as it is and never write to it (a live run's bank under inspection, or a
-        data-parallel rank other than 0, which mirrors rank 0's bank in memory)."""
+        data-parallel rank other than 0, which mirrors rank 0's bank in memory). `checkpointed`: the
+        `written` count of the bank when the run's last checkpoint was saved; a repair of files that disagree
+        never goes below it (None: never below the complete entries)."""
         self.readonly = readonly
         self.dim, self.capacity, self.eviction = dim, capacity, choice(Eviction, eviction, "algorithm.lopd.eviction")
         self.entries: list[Experience] = []
         self.keys = np.zeros((0, dim), dtype=np.float32)
         self.alive = np.zeros(0, dtype=bool)
+        self.compacted = 0  # entries removed by compactions since the bank began
+        self.disagreement: str | None = None  # what the files disagreed on when opened (None: nothing)
         self._reindex()
         self.folder = Path(folder) if folder is not None else None
         if self.folder is not None:
             if not readonly:
-                self.folder.mkdir(parents=True, exist_ok=True)
-            self._load()
+                with _writing(self.folder):
+                    self.folder.mkdir(parents=True, exist_ok=True)
+            self._load(checkpointed)
 
     def _reindex(self) -> None:
         """Rebuild the lookup structures retrieval uses (after load, compaction or truncation)."""
@@ -81,45 +154,61 @@ class ExperienceBank:
     def _keys_path(self) -> Path:
         return self.folder / "keys.f32"
 
-    def _load(self) -> None:
-        rows, evicted = [], []
-        if self._entries_path.is_file():
-            raw = self._entries_path.read_bytes()
-            complete = raw[: raw.rfind(b"\n") + 1]  # a torn last line (no newline) is the entry in flight
-            if len(complete) != len(raw) and not self.readonly:
-                with open(self._entries_path, "r+b") as f:
-                    f.truncate(len(complete))
-            for line in complete.decode("utf-8").splitlines():
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError:
-                    break  # cannot happen for complete lines we wrote; stop rather than misalign keys
-                (evicted.append(obj["evict"]) if "evict" in obj else rows.append(obj))
-        keys = np.zeros((0, self.dim), dtype=np.float32)
-        if self._keys_path.is_file():
-            keys = np.fromfile(self._keys_path, dtype=np.float32)
-            keys = keys[: len(keys) // self.dim * self.dim].reshape(-1, self.dim)
-        n = min(len(rows), len(keys))
+    @property
+    def written(self) -> int:
+        """Entries written and not forgotten, those compaction removed included: what a checkpoint records,
+        to pass back as `checkpointed` when the run resumes."""
+        return self.compacted + len(self.entries)
+
+    def _finish_rewrite(self) -> Path:
+        """The entries file to read after a rewrite killed midway: with keys.tmp still there nothing was renamed
+        and the old files stand (the temporary ones are removed); with only entries.tmp left, the keys are
+        already the new ones and entries.tmp goes with them (renamed into place unless read-only)."""
+        tmp_e, tmp_k = self._entries_path.with_suffix(".tmp"), self._keys_path.with_suffix(".tmp")
+        if self.readonly:
+            return tmp_e if tmp_e.is_file() and not tmp_k.is_file() else self._entries_path
+        with _writing(self.folder):
+            if tmp_k.is_file():
+                tmp_k.unlink()
+                tmp_e.unlink(missing_ok=True)
+            elif tmp_e.is_file():
+                os.replace(tmp_e, self._entries_path)
+        return self._entries_path
+
+    def _load(self, checkpointed: int | None) -> None:
+        """Read the files and check that they agree; cut a torn tail off, never below `checkpointed` (None: never
+        dropping a complete entry). Read-only, the part they agree on is read and the files are left alone."""
+        path = self._finish_rewrite()
+        ent = _read_entries(path)
+        self.compacted, width = ent.compacted, 4 * self.dim
+        size = self._keys_path.stat().st_size if self._keys_path.is_file() else 0
+        n = min(len(ent.rows), size // width)
+        keys_file = (f"{self._keys_path}: {size} bytes hold {size // width} keys of {self.dim} floats"
+                     f"{f' and {size % width} bytes' if size % width else ''}, for {len(ent.rows)} entries")
+        torn = "; ".join(filter(None, [ent.problem, keys_file if size != len(ent.rows) * width else None])) or None
+        floor = len(ent.rows) + ent.unread if checkpointed is None else checkpointed - self.compacted
+        if n < floor and not self.readonly:
+            what = keys_file if size < len(ent.rows) * width else (
+                f"{path}: {len(ent.rows)} entries" + (f" ({torn})" if torn else f" and {size // width} keys"))
+            held = "a complete entry" if checkpointed is None else f"an entry the last checkpoint holds ({checkpointed})"
+            raise LopdError(f"{what}: refusing to drop {held} (restore {self.folder} from a copy, or start the run "
+                            f"afresh)")
+        self.disagreement = torn
         known = {f.name for f in fields(Experience)}
-        self.entries = [Experience(**{k: v for k, v in r.items() if k in known}) for r in rows[:n]]
+        self.entries = [Experience(**{k: v for k, v in r.items() if k in known}) for r in ent.rows[:n]]
         for i, e in enumerate(self.entries):
             e.id = i
-        self.keys = np.ascontiguousarray(keys[:n])
+        self.keys = np.fromfile(self._keys_path, dtype=np.float32, count=n * self.dim).reshape(n, self.dim) \
+            if n else np.zeros((0, self.dim), dtype=np.float32)
         self.alive = np.ones(n, dtype=bool)
-        for i in evicted:
-            if i < n:
-                self.alive[i] = False
-        if self.readonly:
-            self._reindex()
-            return
-        if self._keys_path.is_file() and self._keys_path.stat().st_size != n * self.dim * 4:
-            with open(self._keys_path, "r+b") as f:  # keys written for a line that never landed
-                f.truncate(n * self.dim * 4)
-        if len(rows) > n:  # lines whose keys never landed: rewrite without them
-            self._rewrite()
+        self.alive[[i for i in ent.evicted if i < n]] = False
         self._reindex()
+        if torn and not self.readonly:
+            if len(ent.rows) > n or ent.unread:  # entries to drop: the rest written afresh (atomic renames)
+                self._rewrite()
+            else:  # the append in flight: cut the keys past the entries and the torn line, in place
+                _cut(self._keys_path, n * width)
+                _cut(path, ent.complete)
 
     @property
     def writes(self) -> bool:
@@ -130,25 +219,33 @@ class ExperienceBank:
             return
         from lopd import failpoints
 
-        with open(self._keys_path, "ab") as fk:
+        with _writing(self._keys_path), open(self._keys_path, "ab") as fk:
             fk.write(np.ascontiguousarray(keys, dtype=np.float32).tobytes())
             fk.flush()
             os.fsync(fk.fileno())
         failpoints.reached("bank.append")  # keys written, their entries not yet
-        with open(self._entries_path, "a", encoding="utf-8") as fe:
+        with _writing(self._entries_path), open(self._entries_path, "a", encoding="utf-8") as fe:
             fe.write("".join(line + "\n" for line in lines))
             fe.flush()
             os.fsync(fe.fileno())
 
     def _rewrite(self) -> None:
-        """Compact the files to exactly the in-memory state (atomic renames)."""
+        """Compact the files to exactly the in-memory state: both written to temporary files and fsynced, then
+        renamed, keys first (`_finish_rewrite` completes a rewrite killed between the renames)."""
         tmp_e, tmp_k = self._entries_path.with_suffix(".tmp"), self._keys_path.with_suffix(".tmp")
-        with open(tmp_e, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(asdict(e)) + "\n" for e in self.entries)
-            f.writelines(json.dumps({"evict": int(i)}) + "\n" for i in np.flatnonzero(~self.alive))
-        self.keys.astype(np.float32).tofile(tmp_k)
-        os.replace(tmp_k, self._keys_path)
-        os.replace(tmp_e, self._entries_path)
+        with _writing(self.folder):
+            with open(tmp_k, "wb") as f:
+                f.write(self.keys.astype(np.float32).tobytes())
+                os.fsync(f.fileno())
+            with open(tmp_e, "w", encoding="utf-8") as f:
+                f.writelines([json.dumps({"compacted": self.compacted}) + "\n"] if self.compacted else [])
+                f.writelines(json.dumps(asdict(e)) + "\n" for e in self.entries)
+                f.writelines(json.dumps({"evict": int(i)}) + "\n" for i in np.flatnonzero(~self.alive))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp_k, self._keys_path)
+            os.replace(tmp_e, self._entries_path)
+            _fsync_dir(self.folder)
 
     # ------------------------------------------------------------------ writing
 
@@ -181,7 +278,7 @@ class ExperienceBank:
             victims = live[np.lexsort((live, rewards))[:excess]]
         self.alive[victims] = False
         if self.writes:
-            with open(self._entries_path, "a", encoding="utf-8") as f:
+            with _writing(self._entries_path), open(self._entries_path, "a", encoding="utf-8") as f:
                 f.writelines(json.dumps({"evict": int(i)}) + "\n" for i in victims)
                 f.flush()
                 os.fsync(f.fileno())
@@ -190,6 +287,7 @@ class ExperienceBank:
 
     def _compact(self) -> None:
         keep = np.flatnonzero(self.alive)
+        self.compacted += len(self.entries) - len(keep)
         self.entries = [self.entries[i] for i in keep]
         for new_id, e in enumerate(self.entries):
             e.id = new_id

@@ -29,7 +29,8 @@ class ExperienceMemory:
         self.embedder = build_embedder(r.embedder, r.embedder_path, frozen, tokenizer)
         folder = run.bank_dir if run is not None else None
         self.bank = ExperienceBank(self.embedder.dim, folder, capacity=c.bank_capacity, eviction=c.eviction,
-                                   readonly=run is not None and not run.writer)
+                                   readonly=run is not None and not run.writer,
+                                   checkpointed=checkpointed_count(run, "bank_written"))
 
     def remember(self, batch, step: int) -> list[int]:
         """Store the batch's trajectories; returns their bank ids (-1 for the ones not kept)."""
@@ -85,6 +86,16 @@ class ExperienceMemory:
                 "context/retrieval_similarity": sum(sims) / len(sims) if sims else 0.0,
                 "context/retrieval_hit": sum(hits) / max(len(hits), 1),
                 "context/retrieval_same_task": sum(same) / max(len(same), 1)}
+
+
+def checkpointed_count(run, key: str) -> int | None:
+    """How many entries the run's newest checkpoint covers (its algorithm state's `key`): a repair of the
+    bank's files never goes below it. 0 without a checkpoint (a fresh start drops everything anyway); None
+    for a checkpoint older than the count (never below the complete entries)."""
+    if run is None:
+        return None
+    state = run.checkpointed_algorithm_state()
+    return 0 if state is None else state.get(key)
 
 
 class ExperienceEncoder:
