@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench install clean
+.PHONY: demo test test-slow test-faults bench install clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts examples
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+
+# the slow fault-injection (every failpoint, random kills) and distributed/FSDP suites: CI runs them after `make test`
+test-faults: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow -n $(TEST_WORKERS) --dist load --durations=10 tests/test_faults.py tests/test_dist.py tests/test_fsdp.py
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow

@@ -92,3 +92,46 @@ def test_slot_cosine_by_hand():
     assert got[0].item() == pytest.approx((0 + r + r) / 3)  # pairs (0,1), (0,2), (1,2), each counted twice
     assert got[1].item() == pytest.approx((1 - 1 - 1) / 3)
     assert math.isnan(got[2].item()) and math.isnan(got[3].item())
+
+
+def _compressor(tiny, k=4):
+    import copy
+
+    from lopd.latent.composer import Compressor, memory_embeddings
+
+    model, tokenizer = tiny
+    table = model.get_input_embeddings().weight.detach()
+    torch.manual_seed(0)
+    return Compressor(copy.deepcopy(model).get_decoder(), float(table.norm(dim=-1).mean()), memory_embeddings(table, k),
+                      k), tokenizer, float(table.norm(dim=-1).mean())
+
+
+def test_the_compressor_writes_k_distinct_slots_at_the_embeddings_scale(tiny):
+    """K slots per context, of norm mean|e| (the scale the frozen teacher reads), distinct (each its own
+    embedding and position: not one vector for every slot, as the resampler's 1.00), depending on the context,
+    and on nothing else in the batch (left padding). Untrained, they still share a large common direction
+    (mean pairwise cosine ~0.9 on the tiny policy); the context distillation is what spreads them."""
+    from lopd.latent.composer import slot_cosine
+    from lopd.rollout import left_pad
+
+    comp, tok, norm = _compressor(tiny)
+    texts = ["Successful calls for similar requests:\n- book a flight -> book_flight(date=\"07/02/2025\")",
+             "Successful calls for similar requests:\n- wash the towels -> run_washer(cycle=\"B\")"]
+    ids, mask = left_pad([tok(t, add_special_tokens=False)["input_ids"] for t in texts], tok.pad_token_id)
+    slots = comp(ids, mask)  # [2, K, H]
+    assert slots.shape == (2, 4, tiny[0].config.hidden_size)
+    torch.testing.assert_close(slots.norm(dim=-1), torch.full((2, 4), norm), atol=1e-4, rtol=1e-4)
+    assert float(slot_cosine(slots, torch.ones(2, 4, dtype=torch.bool)).max()) < 0.99
+    assert (slots[0] - slots[1]).abs().max() > 1e-2  # what the context says changes the slots
+    alone = comp(*left_pad([tok(texts[1], add_special_tokens=False)["input_ids"]], tok.pad_token_id))
+    torch.testing.assert_close(alone[0], slots[1], atol=1e-5, rtol=1e-5)  # padding changes nothing
+
+
+def test_every_compressor_parameter_gets_a_gradient(tiny):
+    from lopd.rollout import left_pad
+
+    comp, tok, _ = _compressor(tiny)
+    ids, mask = left_pad([tok("a context", add_special_tokens=False)["input_ids"]], tok.pad_token_id)
+    (comp(ids, mask) * torch.randn(1, 4, tiny[0].config.hidden_size)).sum().backward()
+    missing = [n for n, p in comp.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    assert missing == []

@@ -351,3 +351,33 @@ def test_lopd_bank_says_in_one_line_that_the_files_disagree(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert err.count("\n") == 1 and "files disagree" in err and "keys.f32" in err and "shown: the 2 entries" in err
     assert "2 live entries" in out and _files(folder) == before  # read, not repaired
+
+
+def test_retrieval_keys_restrict_the_candidates_then_rank_by_request(tmp_path):
+    """`algorithm.retrieval.key`: task_tools finds only the experiences that called one of the tools the task
+    offers (ranked by request similarity, the tools kept across a reload), category only the task's own
+    category; request finds any. A task that offers no tools falls back to any."""
+    from types import SimpleNamespace
+
+    from lopd.config import RetrievalKey
+    from lopd.latent.memory import allowed
+
+    rng = np.random.default_rng(3)
+    keys = _unit(rng, 4)
+    bank = ExperienceBank(DIM, tmp_path)
+    calls = [["book_flight"], ["run_washer"], ["book_flight", "set_alarm"], []]
+    bank.add([Experience(f"t{i}", f"task {i}", f"answer {i}", 1.0, True, group=f"g{i}", category=c, tools=t)
+              for i, (c, t) in enumerate(zip(["book_flight", "run_washer", "book_flight", "other"], calls))], keys)
+    bank = ExperienceBank(DIM, tmp_path)  # reloaded: the tools index is rebuilt from the entries
+    assert bank.calling(["book_flight"]) == [0, 2] and bank.calling(["set_alarm", "run_washer"]) == [1, 2]
+    task = SimpleNamespace(category="book_flight", meta={"tools": [{"name": "book_flight"}, {"name": "set_alarm"}]})
+    plain = SimpleNamespace(category="other", meta={})
+    assert allowed(bank, [task, plain], RetrievalKey.task_tools) == [[0, 2], None]
+    assert allowed(bank, [task], RetrievalKey.category) == [[0, 2]]
+    assert allowed(bank, [task], RetrievalKey.request) is None
+    query = keys[[1]]  # most similar to entry 1, which did not call the task's tools
+    assert bank.search(query, 1).index == [[1]]
+    found = bank.search(query, 4, only=[[0, 2]])
+    sims = keys[[0, 2]] @ keys[1]
+    assert found.index == [[0, 2] if sims[0] >= sims[1] else [2, 0]]  # the allowed ones, by request similarity
+    assert bank.search(query, 4, only=[[]]).index == [[]]

@@ -75,6 +75,12 @@ class DistillEstimator(Choice):
     jsd = "jsd"  # generalised Jensen-Shannon, distill.alpha between forward (0) and reverse (1) KL
 
 
+class DistillTarget(Choice):
+    teacher = "teacher"  # D(student || teacher) at every trained token
+    gated = "gated"  # ... only where the context moves the teacher: KL(pi_T(.|c) || pi_T(.|none)) > gate_threshold
+    residual = "residual"  # KL(student || student shifted by beta * clip(log pi_T(.|c) - log pi_T(.|none)))
+
+
 class TeacherWeights(Choice):
     frozen = "frozen"  # the initial weights (LoRA: the adapter disabled; full fine-tune: a frozen copy)
     ema = "ema"  # an exponential moving average of the student
@@ -95,6 +101,12 @@ class EmbedderKind(Choice):
     backbone = "backbone"  # the frozen backbone's mean-pooled hidden states
 
 
+class RetrievalKey(Choice):
+    request = "request"  # the most similar requests (the embedder's cosine), whatever their tools
+    task_tools = "task_tools"  # experiences that called one of the tools the task offers, by request similarity
+    category = "category"  # experiences of the task's own category (ToolWorld: its tool), by request similarity
+
+
 class SkillExtractor(Choice):
     rule = "rule"  # deterministic: the successful call itself (for models too small to summarise)
     model = "model"  # the backbone summarises the success in one sentence (greedy)
@@ -103,6 +115,11 @@ class SkillExtractor(Choice):
 class LatentPosition(Choice):
     in_context = "in_context"  # where a text context stands: the end of the system message
     prefix = "prefix"  # before the whole chat template
+
+
+class ComposerKind(Choice):
+    resampler = "resampler"  # a Perceiver-style resampler over frozen features, adding to the context's tokens
+    compressor = "compressor"  # a trainable copy of the backbone reads [context ; K memory tokens]: K slots
 
 
 class ComposerObjective(Choice):
@@ -197,6 +214,16 @@ class DistillConfig:
     topk: int = _help("k of the topk estimator", 20)
     alpha: float = _help("jsd weight: 1 = reverse KL(student || teacher), 0 = forward KL", 1.0)
     teacher: TeacherWeights = _help("the self-teacher's weights", TeacherWeights.frozen)
+    target: DistillTarget = _help("what the student is pulled toward: the teacher everywhere, the teacher only where "
+                                  "the context moves it (gated), or its own distribution shifted by what the "
+                                  "context does to the teacher (residual: a dense policy gradient; teacher and "
+                                  "teacher-without-context both read, one more teacher forward)", DistillTarget.teacher)
+    gate_threshold: float = _help("gated: distil at positions where KL(pi_T(.|c) || pi_T(.|none)) exceeds this "
+                                  "(nats)", 0.05)
+    residual_beta: float = _help("residual: the shift's scale beta", 1.0)
+    residual_clip: float = _help("residual: |log-ratio| is clipped to this (bounds the lift of a token the context "
+                                 "raises from near zero to e^(beta x clip))", 1.0)
+    residual_topk: int = _help("residual: the log-ratio counts on the teacher's top-k tokens only (0 = all)", 20)
     ema_rate: float = _help("EMA teacher: fraction of the student mixed in after each step", 0.05)
     coef: float = _help("weight of the distillation loss", 1.0)
     pg_weight: float = _help("weight of an added GRPO loss (hybrid); 0 = pure distillation", 0.0)
@@ -220,14 +247,27 @@ class SkillConfig:
 
 @dataclass
 class RetrievalConfig:
+    key: RetrievalKey = _help("which experiences retrieval may find (then ranked by request similarity): any "
+                              "(request), those that called one of the task's offered tools (task_tools; a task "
+                              "that offers none falls back to request), those of the task's category", RetrievalKey.request)
     embedder: EmbedderKind = _help("what retrieval keys are made of", EmbedderKind.minilm)
     embedder_path: str = _help("folder of the sentence-embedding model; empty = the installed package's", "")
 
 
 @dataclass
 class LOPDConfig:
-    latent_tokens: int = _help("K: latent slots in the teacher's prompt (over the context's tokens: at most K "
-                               "of them are kept)", 64)
+    composer: ComposerKind = _help("what writes the slots: the resampler (slots over the context's own tokens) or the "
+                                   "compressor (K slots of its own in place of the text, trained by context "
+                                   "distillation toward the text teacher)", ComposerKind.resampler)
+    latent_tokens: int = _help("K: latent slots in the teacher's prompt (resampler: over the context's tokens, at most "
+                               "K of them kept; compressor: K slots in place of the whole context)", 64)
+    cd_weight: float = _help("compressor: weight of the context distillation KL(pi_T(.|c) || pi_T(.|slots)) in the "
+                             "composer's loss", 1.0)
+    cd_rows: int = _help("compressor: the rows per sampling group whose text teacher is scored for the context "
+                         "distillation (0 = all)", 2)
+    distill_from_kl_ratio: float = _help("compressor: the student distils toward the latent teacher (and the margin "
+                                         "acts) once KL(text || slots) / KL(text || no context) on the distillation "
+                                         "rows falls below this; before, it learns from the policy gradient alone", 0.5)
     position: LatentPosition = _help("where the latent slots go in the teacher's prompt", LatentPosition.in_context)
     retrieve_k: int = _help("k: experiences retrieved per task", 4)
     retrieve: bool = _help("condition the composer on retrieved experiences (false: a learned task-independent context)", True)
@@ -529,6 +569,9 @@ def load_config(path: str | Path | list | None = None, overrides: list[str] | No
 RANGES = [  # (dotted key, lowest, highest, inclusive at the bottom): values the types alone do not rule out
     ("algorithm.distill.alpha", 0.0, 1.0, True),
     ("algorithm.distill.ema_rate", 0.0, 1.0, True),
+    ("algorithm.distill.gate_threshold", 0.0, float("inf"), True),
+    ("algorithm.distill.residual_clip", 0.0, float("inf"), False),
+    ("algorithm.distill.residual_topk", 0, float("inf"), True),
     ("rollout.temperature", 0.0, float("inf"), False),
     ("rollout.top_p", 0.0, 1.0, False),
     ("rollout.tasks_per_step", 1, float("inf"), True),

@@ -45,7 +45,7 @@ def inspect_run(run_dir: str | Path, *, tasks: int = 3, split: str | None = None
     chosen = list(env.tasks(split))[:tasks]
     bank = algorithm.memory.bank
     c = cfg.algorithm.lopd
-    found = algorithm.memory.search([task_text(t) for t in chosen])  # the same retrieval as in training
+    found = algorithm.memory.search(chosen)  # the same retrieval as in training
     with algorithm.initial_policy.active() as frozen:
         table = frozen.get_input_embeddings().weight.detach().float()  # [V, H]
     unit = torch.nn.functional.normalize(table, dim=-1)

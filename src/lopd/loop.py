@@ -78,6 +78,7 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
             steps_here += 1
             if stop_after is not None and steps_here >= stop_after and state.step < session.total_steps:
                 loop.end("interrupted", f"stop_after={stop_after} steps")
+                dist.barrier(session.world)  # no rank leaves (and closes the process group) while another works
                 return session.run.path
     loop.finish()
     return session.run.path

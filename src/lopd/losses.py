@@ -6,6 +6,8 @@ Shapes: B trajectories, T completion positions, V the vocabulary. `mask` is 1 on
     reductions        aggregate / aggregate_count (token or sequence), per_unit, sequence_mean
     policy gradient   clipped_policy_gradient, kl_sampled (k1/k2/k3), policy_kl
     divergences       token_divergence (full / topk / sampled / jsd over the vocabulary, in chunks), full_reverse_kl
+    targets           context_shift (gated: where the context moves the teacher), residual_divergence (the
+                      student shifted by the context's log-ratio)
     LOPD              privileged_margin, privilege, constrained
 """
 
@@ -237,6 +239,64 @@ def token_divergence(student: TokenStats, teacher: TokenStats, estimator: Distil
 def full_reverse_kl(student: TokenStats, teacher: TokenStats) -> Tensor:
     """Exact KL(student || teacher) over the vocabulary at every position.   -> [B, T]"""
     return token_divergence(student, teacher, DistillEstimator.full)
+
+
+# -------------------------------------------------------------------- targets that do not pull the student home
+
+
+def context_shift(teacher: TokenStats, base: TokenStats) -> Tensor:
+    """KL(pi_T(.|c) || pi_T(.|no context)) per position: how much the privileged context moves the teacher's
+    prediction (0 where it changes nothing). The `gated` target distils only where it exceeds a threshold.
+    [B, T], no gradient."""
+    with torch.no_grad():
+        return token_divergence(teacher.detached(), base.detached(), DistillEstimator.full)
+
+
+def residual_log_target(log_p: Tensor, log_teacher: Tensor, log_base: Tensor, beta: float, clip: float,
+                        topk: int) -> Tensor:
+    """log q*, the student's own distribution shifted by what the context does to the teacher:
+
+        r_v    = log pi_T(v | c) - log pi_T(v | no context), clipped to [-clip, clip], and 0 outside the
+                 teacher's (with context) top-k tokens (topk 0: every token)
+        log q* = log_softmax(sg(log p) + beta * r)
+
+    Where the context changes nothing (r = 0) q* = p, so KL(p || q*) pulls nowhere. Its gradient in the
+    student is -beta E_p[r grad log p]: a policy gradient with r as a dense per-token reward over the
+    vocabulary. Unbounded, r favours tokens the context lifts from near zero (a value copied from a
+    retrieved example): the clip and the top-k bound how far q* can lift any token (by at most e^(beta
+    clip) times its student probability).   [..., V] x 3 -> [..., V]"""
+    both = (log_teacher > -math.inf) & (log_base > -math.inf)
+    r = torch.where(both, log_teacher - log_base, torch.zeros((), dtype=log_p.dtype, device=log_p.device))
+    r = r.clamp(-clip, clip)
+    if 0 < topk < log_teacher.shape[-1]:
+        top = log_teacher.topk(topk, dim=-1).indices
+        r = torch.zeros_like(r).scatter_(-1, top, r.gather(-1, top))
+    return torch.log_softmax(log_p.detach() + beta * r, dim=-1)
+
+
+def _residual_chunk(s_head, t_head, b_head, s_temperature, t_temperature, beta, clip, topk, head_dtype,
+                    s_hidden, t_hidden, b_hidden) -> Tensor:
+    """KL(p || q*) with q* = `residual_log_target`, for one chunk.   [B, c, H] x 3 -> [B, c]"""
+    ls = torch.log_softmax(head_logits(s_head, s_hidden, head_dtype) / s_temperature, dim=-1)  # [B, c, V]
+    lt = torch.log_softmax(head_logits(t_head, t_hidden, head_dtype) / t_temperature, dim=-1)  # teacher with c
+    lb = torch.log_softmax(head_logits(b_head, b_hidden, head_dtype) / t_temperature, dim=-1)  # teacher without
+    return xlogy_divergence(ls, residual_log_target(ls, lt.detach(), lb.detach(), beta, clip, topk))
+
+
+def residual_divergence(student: TokenStats, teacher: TokenStats, base: TokenStats, *, beta: float = 1.0,
+                        clip: float = 1.0, topk: int = 0) -> Tensor:
+    """KL(student || q*) per position, q* the student shifted by the context's clipped log-ratio
+    (`residual_log_target`); the teachers get no gradient. Exact over the vocabulary, in chunks.   -> [B, T]"""
+    parts = []
+    T = student.hidden.shape[1]
+    teacher, base = teacher.detached(), base.detached()
+    fn = functools.partial(_residual_chunk, student.head, teacher.head, base.head, student.temperature,
+                           teacher.temperature, beta, clip, topk, student.head_dtype)
+    hiddens = [trained_positions(x.hidden, student.mask) for x in (student, teacher, base)]
+    for start in range(0, T, student.chunk):
+        sl = slice(start, min(T, start + student.chunk))
+        parts.append(per_token(fn, (student.head, teacher.head, base.head), *(h[:, sl] for h in hiddens)))
+    return masked(torch.cat(parts, dim=1), student.mask)
 
 
 # ----------------------------------------------------------------------------------------------- LOPD

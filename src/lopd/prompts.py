@@ -38,6 +38,20 @@ def task_text(task) -> str:
     return users[-1] if users else task.messages[-1]["content"]
 
 
+def offered_tools(task) -> list[str]:
+    """The names of the tools a task offers: its `meta["tools"]` schemas (ToolWorld, ACEBench, BFCL; a plugin
+    env may set it too), or none."""
+    return [t["name"] for t in task.meta.get("tools") or () if isinstance(t, dict) and "name" in t]
+
+
+def called_tools(completion: str) -> list[str]:
+    """The names of the tools a completion calls (none if it is not a call)."""
+    from lopd.envs.calls import ParseFailure, parse_calls
+
+    calls = parse_calls(completion)
+    return [] if isinstance(calls, ParseFailure) else sorted({c.name for c in calls})
+
+
 def join_contexts(*parts: str | None) -> str | None:
     kept = [p for p in parts if p]
     return "\n\n".join(kept) if kept else None

@@ -144,6 +144,11 @@ class TokenStats:
         return replace(self, hidden=self.hidden.detach(), head=self.weights_detached().head,
                        _logprobs=None if self._logprobs is None else self._logprobs.detach())
 
+    def select(self, rows: Tensor) -> "TokenStats":
+        """The same view of some rows only (gradients flow back to the selected rows' hidden states)."""
+        return replace(self, hidden=self.hidden[rows], targets=self.targets[rows], mask=self.mask[rows],
+                       _logprobs=None if self._logprobs is None else self._logprobs[rows])
+
     def weights_detached(self) -> "TokenStats":
         """The same view whose output head passes no gradient to its weights (every teacher's)."""
         return replace(self, head=self.head if isinstance(self.head, WeightsDetached) else WeightsDetached(self.head))

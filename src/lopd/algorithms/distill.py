@@ -2,10 +2,16 @@
 
 The student samples; the self-teacher (same backbone; frozen, EMA or live weights) re-scores every
 visited prefix with a privileged context in its prompt; the student is pulled toward it token by token:
-    loss = coef * aggregate_t D(pi_student(.|x, y<t) || sg pi_teacher(.|c, x, y<t))  [+ pg_weight * GRPO]
-with D one of the estimators of `losses.token_divergence`. A text method only says what the context c
-is (`privileged_contexts`). Trajectories whose teacher got no context are left out of the distillation term
-(`mask_without_context`).
+    loss = coef * aggregate_t D(pi_student(.|x, y<t) || target_t)  [+ pg_weight * GRPO]
+with D one of the estimators of `losses.token_divergence` and the target (`algorithm.distill.target`):
+    teacher   sg pi_teacher(.|c, x, y<t) at every token (the default)
+    gated     the same, only where the context moves the teacher: KL(pi_T(.|c) || pi_T(.|none)) > threshold
+              (0 elsewhere: the tokens the context says nothing about keep their RL gradient alone)
+    residual  the student's own distribution shifted by beta * clip(log pi_T(.|c) - log pi_T(.|none)), exact
+              KL over the vocabulary: a dense policy gradient on the context's log-ratio, 0 where it changes
+              nothing, so the student is never pulled back toward the teacher's (initial) weights
+A text method only says what the context c is (`privileged_contexts`). Trajectories whose teacher got no
+context are left out of the distillation term (`mask_without_context`).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import torch
 from lopd import losses
 from lopd.algorithms.base import Algorithm, Context, Term, measured, rows
 from lopd.algorithms.grpo import initial_policy, policy_live, policy_terms, policy_units
-from lopd.config import head_dtype_of
+from lopd.config import DistillTarget, TeacherWeights, head_dtype_of
 from lopd.teacher import build_teacher
 from lopd.tokens import TokenStats
 
@@ -63,8 +69,22 @@ class SelfDistillation(Algorithm):
         with torch.no_grad():
             return self.teacher.score(batch, ctx.privileged)
 
+    def needs_base(self) -> bool:
+        """The gated and residual targets read the teacher without its context too."""
+        return self.cfg.algorithm.distill.target != DistillTarget.teacher
+
+    def base_stats(self, batch, initial: TokenStats | None = None) -> TokenStats | None:
+        """The teacher without context (no gradient), when the target needs it: a frozen teacher's is pi_0's,
+        so an `initial` already scored is reused."""
+        if not self.needs_base():
+            return None
+        if initial is not None and self.cfg.algorithm.distill.teacher == TeacherWeights.frozen:
+            return initial
+        with torch.no_grad():
+            return self.teacher.score(batch)
+
     def loss(self, batch, ctx: Context, student):
-        return self.distill_terms(batch, ctx, student, self.teacher_stats(batch, ctx))
+        return self.distill_terms(batch, ctx, student, self.teacher_stats(batch, ctx), self.base_stats(batch))
 
     def trains_student(self, ctx: Context) -> bool:
         """Whether this pass moves the student (LOPD's composer-only passes do not)."""
@@ -74,15 +94,31 @@ class SelfDistillation(Algorithm):
         """The teacher as the divergence sees it: detached (LOPD lets a scaled gradient reach its composer)."""
         return teacher.detached()
 
-    def distill_terms(self, batch, ctx: Context, student: TokenStats, teacher: TokenStats) -> dict[str, Term]:
-        """coef * D(student || teacher) over the distilled tokens (+ pg_weight * GRPO), and what the context
-        does to the likelihood of the student's own tokens (the teacher's gain, on successes and failures)."""
+    def distill_terms(self, batch, ctx: Context, student: TokenStats, teacher: TokenStats,
+                      base: TokenStats | None = None) -> dict[str, Term]:
+        """coef * D(student || target) over the distilled tokens (+ pg_weight * GRPO), and what the context
+        does to the likelihood of the student's own tokens (the teacher's gain, on successes and failures).
+        `base`: the teacher without context (the gated and residual targets)."""
         d = self.cfg.algorithm.distill
         has_context = ctx.has_context.to(student.mask.device, student.mask.dtype)  # [B]
         mask = self.distilled(student.mask, has_context)  # [B, T]
         trained = self.trains_student(ctx)
-        per_token = losses.token_divergence(student if trained else student.detached(), self.teacher_side(teacher),
-                                            d.estimator, topk=d.topk, alpha=d.alpha)  # [B, T]
+        shown = student if trained else student.detached()
+        extra: dict[str, Term] = {}
+        if d.target == DistillTarget.residual:
+            per_token = losses.residual_divergence(shown, teacher, base, beta=d.residual_beta, clip=d.residual_clip,
+                                                   topk=d.residual_topk)  # [B, T]
+        else:
+            per_token = losses.token_divergence(shown, self.teacher_side(teacher), d.estimator, topk=d.topk,
+                                                alpha=d.alpha)  # [B, T]
+        if base is not None:
+            shift = losses.context_shift(teacher, base)  # [B, T]
+            extra["context/shift"] = measured(shift, mask)
+            if d.target == DistillTarget.gated:
+                gate = shift > d.gate_threshold
+                per_token = torch.where(gate, per_token, torch.zeros((), dtype=per_token.dtype, device=per_token.device))
+                extra["context/gated_share"] = measured(gate.to(mask.dtype), mask)  # (ungated tokens count as 0)
+
         with torch.no_grad():  # how much the context raises the likelihood of what the student sampled
             teacher_lp = teacher.logprobs()  # [B, T]
             gain = losses.floor_impossible(teacher_lp, student.logprobs()) - student.logprobs()
@@ -92,7 +128,7 @@ class SelfDistillation(Algorithm):
                  "context/coverage": rows(has_context, has_context),
                  "context/teacher_gain_success": measured(gain, student.mask * success),
                  "context/teacher_gain_failure": measured(gain, student.mask * (1 - success)),
-                 "health/teacher_impossible": measured(losses.impossible(teacher_lp, mask), mask)}
+                 "health/teacher_impossible": measured(losses.impossible(teacher_lp, mask), mask), **extra}
         if d.pg_weight > 0 and trained:
             terms.update(policy_terms(self.cfg, batch, ctx.advantages, student, self.initial_policy, weight=d.pg_weight))
         return terms

@@ -37,8 +37,8 @@ import torch
 from lopd import losses
 from lopd.algorithms.base import Context, Term, measured, rows
 from lopd.algorithms.distill import SelfDistillation
-from lopd.config import ComposerObjective
-from lopd.latent.composer import Composer, slot_cosine
+from lopd.config import ComposerKind, ComposerObjective, DistillEstimator
+from lopd.latent.composer import Composer, Compressor, memory_embeddings, slot_cosine
 from lopd.latent.memory import ExperienceEncoder, ExperienceMemory
 from lopd.errors import ConfigError
 from lopd.prompts import PLACEHOLDER, context_examples, context_span
@@ -50,6 +50,8 @@ from lopd.tokens import TokenStats
 class RetrievalContext(Context):
     retrieved: list[list[int]] | None = None  # [B][<=k] bank ids, best first
     similarity: list[list[float]] | None = None
+    cd_rows: torch.Tensor | None = None  # [B] bool: the compressor's context-distillation rows (text teacher scored)
+    distilling: bool = True  # the student distils toward the latent teacher (the compressor's warm-up: not yet)
 
 
 def experiences_as_text(bank, ids: list[int]) -> str | None:
@@ -97,6 +99,12 @@ class LOPD(RetrievalMixin, SelfDistillation):
         with self.initial_policy.active() as model:
             emb = model.get_input_embeddings().weight.detach()
             hidden = model.config.hidden_size
+        self.lam = c.margin_coef
+        self.distilling = c.composer != ComposerKind.compressor  # the compressor warms up first
+        if c.composer == ComposerKind.compressor:
+            self.composer = self.build_compressor(emb, runtime.get("device", "cpu"))
+            self.composer.requires_grad_(c.train_composer)
+            return
         filler_id = self.tokenizer("\n", add_special_tokens=False)["input_ids"][0]
         copy = c.copy_experience_tokens and c.retrieve
         if c.token_queries and not copy:
@@ -107,7 +115,23 @@ class LOPD(RetrievalMixin, SelfDistillation):
                                  gate_init=c.gate_init, copy_tokens=copy,
                                  token_queries=c.token_queries).to(runtime.get("device", "cpu"))
         self.composer.requires_grad_(c.train_composer)
-        self.lam = c.margin_coef
+
+    def build_compressor(self, table: torch.Tensor, device) -> Compressor:
+        """A trainable copy of the initial backbone's decoder (loaded afresh: a LoRA policy's base without its
+        adapter), K memory embeddings, and the output map."""
+        from dataclasses import replace as copy_with
+
+        from lopd.models import load_policy
+
+        c = self.cfg.algorithm.lopd
+        model, _ = load_policy(copy_with(self.cfg.model, lora=copy_with(self.cfg.model.lora, enabled=False)), device)
+        return Compressor(model.get_decoder(), float(table.float().norm(dim=-1).mean()),
+                          memory_embeddings(table.cpu(), c.latent_tokens, self.cfg.train.seed),
+                          c.latent_tokens).to(device)
+
+    @property
+    def compresses(self) -> bool:
+        return self.cfg.algorithm.lopd.composer == ComposerKind.compressor
 
     def kept_prompt_lengths(self, batch, ctx: RetrievalContext) -> torch.Tensor:
         """The student's prompts and the latent teacher's (its gradient reaches the composer): the prompt
@@ -115,12 +139,17 @@ class LOPD(RetrievalMixin, SelfDistillation):
         prompt = batch.prompt_mask.sum(-1)  # [B]
         if not self.cfg.algorithm.lopd.train_composer:
             return prompt[None]
-        return torch.stack([prompt, prompt + self.cfg.algorithm.lopd.latent_tokens])
+        slots = prompt + self.cfg.algorithm.lopd.latent_tokens
+        return torch.stack([prompt, slots, prompt] if self.compresses else [prompt, slots])  # (+ the compressor's pass)
 
     def units(self, batch, ctx: RetrievalContext) -> dict[str, torch.Tensor]:
-        """The distillation's and policy gradient's units, and the composer's privilege terms': the
-        trajectories they constrain (A != 0, with a context)."""
-        return {**super().units(batch, ctx), "privilege": losses.constrained(ctx.advantages, ctx.has_context).float()}
+        """The distillation's and policy gradient's units, the composer's privilege terms' (the trajectories
+        they constrain: A != 0, with a context), and the compressor's context distillation's (the tokens of
+        its rows)."""
+        units = {**super().units(batch, ctx), "privilege": losses.constrained(ctx.advantages, ctx.has_context).float()}
+        if self.compresses:
+            units["cd"] = batch.completion_mask * (ctx.cd_rows & ctx.has_context).to(batch.completion_mask.dtype)[:, None]
+        return units
 
     def param_groups(self) -> list[dict]:
         params = [p for p in self.composer.parameters() if p.requires_grad]
@@ -136,6 +165,12 @@ class LOPD(RetrievalMixin, SelfDistillation):
             ctx = self.new_context(batch, step, RetrievalContext, privileged=[PLACEHOLDER] * len(batch),
                                    has_context=torch.ones(len(batch), dtype=torch.bool))
         ctx.extra_passes = c.composer_passes
+        ctx.distilling = self.distilling
+        rank = torch.zeros(len(batch), dtype=torch.long)  # each row's place in its sampling group
+        for g in batch.group.unique():
+            members = torch.nonzero(batch.group == g).flatten()
+            rank[members] = torch.arange(len(members))
+        ctx.cd_rows = rank < c.cd_rows if c.cd_rows > 0 else torch.ones(len(batch), dtype=torch.bool)
         return ctx
 
     def remember(self, batch, step):
@@ -160,6 +195,8 @@ class LOPD(RetrievalMixin, SelfDistillation):
                 under: torch.Tensor | None = None) -> torch.Tensor:
         """The slots' values for a micro-batch: [b, K, H] (see `Composer`); `under` [b, K, H]: the tokens
         under the slots (`tokens_under_slots`), read by a composer with token queries."""
+        if self.compresses:
+            return self.compress(ctx.privileged)
         device = self.composer.queries.device
         if not self.cfg.algorithm.lopd.retrieve:
             return self.composer(batch=len(ctx.privileged))
@@ -177,13 +214,34 @@ class LOPD(RetrievalMixin, SelfDistillation):
                 at += len(h)
         return self.composer(memory, pad, success, attention=attention, under=under)
 
+    def compress(self, texts: list[str | None]) -> torch.Tensor:
+        """The compressor's slots for each row's context, composed once per distinct context (a sampling
+        group shares its retrieval): [b, K, H], zeros for a row without context."""
+        device = self.composer.memory.device
+        unique = list(dict.fromkeys(t for t in texts if t is not None))
+        out = torch.zeros(len(texts), self.composer.latent_tokens, self.composer.memory.shape[-1], device=device)
+        if not unique:
+            return out
+        from lopd.rollout import left_pad
+
+        ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"][: self.cfg.algorithm.lopd.max_experience_tokens * 8]
+               for t in unique]
+        ids, mask = left_pad(ids, self.tokenizer.pad_token_id)
+        slots = self.composer(ids.to(device), mask.to(device))  # [U, K, H]
+        where = {t: i for i, t in enumerate(unique)}
+        index = torch.tensor([where.get(t, 0) for t in texts], device=device)
+        present = torch.tensor([t is not None for t in texts], device=device)[:, None, None]
+        return torch.where(present, slots[index], out)
+
     def latent_teacher(self, batch, ctx: RetrievalContext) -> tuple[TokenStats, dict[str, Term]]:
         """The teacher reading the composer's slots (gradient open back to the composer), and the slots'
         measurements."""
         c = self.cfg.algorithm.lopd
-        under = self.tokens_under_slots(batch.tasks, ctx.privileged) if self.composer.token_in is not None else None
+        under = self.tokens_under_slots(batch.tasks, ctx.privileged) \
+            if getattr(self.composer, "token_in", None) is not None else None
         values = self.compose(ctx, under=under)  # [b, K, H]
-        slots = LatentSlots(values, over_context=self.composer.copy_tokens, position=c.position)
+        over = not self.compresses and self.composer.copy_tokens
+        slots = LatentSlots(values, over_context=over, position=c.position)
         with torch.set_grad_enabled(values.requires_grad):
             teacher, length = self.teacher.score_latent(batch, ctx.privileged, slots,
                                                         checkpoint_layers=c.checkpoint_teacher and values.requires_grad)
@@ -192,9 +250,9 @@ class LOPD(RetrievalMixin, SelfDistillation):
                    "context/context_tokens": measured(length.double(), used),
                    "context/context_truncated": measured((length >= c.latent_tokens).double(), used)}
         K = values.shape[1]
-        present = (torch.arange(K)[None] < length[:, None] if self.composer.copy_tokens
+        present = (torch.arange(K)[None] < length[:, None] if over
                    else torch.ones(len(length), K, dtype=torch.bool)) & ctx.has_context.cpu()[:, None]  # [b, K]
-        added = values if self.composer.copy_tokens else values - self.composer.filler
+        added = values if over or self.compresses else values - self.composer.filler
         alike = slot_cosine(added, present.to(values.device))  # [b], NaN where no direction to compare (gate 0)
         if not alike.isnan().all():
             metrics["context/slot_cosine"] = measured(alike, (~alike.isnan()).double())
@@ -218,8 +276,36 @@ class LOPD(RetrievalMixin, SelfDistillation):
         with torch.no_grad():
             initial = self.initial_policy.score(batch)  # pi_0: the context-free frozen model
         teacher, slot_terms = self.latent_teacher(batch, ctx)
-        terms = self.distill_terms(batch, ctx, student, teacher)
-        return {**terms, **self.composer_terms(batch, ctx, student, teacher, initial), **slot_terms}
+        terms = self.distill_terms(batch, ctx, student, teacher, self.base_stats(batch, initial))
+        composer = self.composer_terms(batch, ctx, student, teacher, initial)
+        if self.compresses:
+            terms.update(self.context_distillation(batch, ctx, teacher, initial))
+            if not ctx.distilling:  # the warm-up: the student waits for the latent teacher, so does the margin
+                for name in ("loss/distill", "loss/margin", "context/privilege"):
+                    source = terms if name in terms else composer
+                    source[name] = replace(source[name], coef=0.0, units=None)
+        return {**terms, **composer, **slot_terms}
+
+    def context_distillation(self, batch, ctx: RetrievalContext, latent: TokenStats,
+                             initial: TokenStats) -> dict[str, Term]:
+        """The compressor's loss: KL(pi_T(.|c) || pi_T(.|slots)) over the tokens of the distillation rows (the
+        text teacher scored on those rows only, no gradient), and the same KL to the context-free model,
+        their ratio being how much of the text's effect the slots carry (read by `after_update`)."""
+        rows = torch.nonzero((ctx.cd_rows & ctx.has_context).to(latent.mask.device)).flatten()
+        if not len(rows):
+            empty = latent.mask[:0]
+            return {"loss/cd": Term(empty, empty, coef=self.cfg.algorithm.lopd.cd_weight, units="cd"),
+                    "context/cd_kl_none": measured(empty, empty)}
+        sub = batch.select(rows.cpu())
+        with torch.no_grad():
+            text = self.teacher.score(sub, [ctx.privileged[i] for i in rows.tolist()])  # pi_T(.|c)
+        mask = latent.mask[rows]
+        forward_kl = DistillEstimator.jsd  # alpha 0: KL(text || the other), gradient into the other's hidden states
+        cd = losses.token_divergence(latent.select(rows), text, forward_kl, alpha=0.0)  # [n, T]
+        with torch.no_grad():
+            none = losses.token_divergence(initial.select(rows), text, forward_kl, alpha=0.0)  # [n, T]
+        return {"loss/cd": Term(cd, mask, coef=self.cfg.algorithm.lopd.cd_weight, units="cd"),
+                "context/cd_kl_none": measured(none, mask)}
 
     def composer_terms(self, batch, ctx: RetrievalContext, student: TokenStats, teacher: TokenStats,
                        initial: TokenStats) -> dict[str, Term]:
@@ -240,23 +326,33 @@ class LOPD(RetrievalMixin, SelfDistillation):
                 "context/delta_success": measured(delta, success),
                 "context/delta_failure": measured(delta, failure),
                 "context/margin_violation": measured((slack > 0).float(), use),
-                "context/gate": rows(torch.tanh(self.composer.gate.detach()), delta)}
+                **({} if self.compresses else {"context/gate": rows(torch.tanh(self.composer.gate.detach()), delta)})}
 
     def after_update(self, values):
-        """Dual ascent on lambda, on the constraint's mean over the whole minibatch (every micro-batch, every rank)."""
+        """Dual ascent on lambda, on the constraint's mean over the whole minibatch (every micro-batch, every
+        rank); the compressor's warm-up ends when its slots carry enough of the text's effect."""
         c = self.cfg.algorithm.lopd
-        if c.dual_lr > 0 and "context/constraint" in values:
+        if c.dual_lr > 0 and "context/constraint" in values and self.distilling:
             self.lam = max(0.0, self.lam + c.dual_lr * values["context/constraint"])
-        return {"context/lambda": self.lam}
+        out = {"context/lambda": self.lam}
+        if self.compresses:
+            if values.get("context/cd_kl_none", 0.0) > 0:
+                ratio = values["loss/cd"] / values["context/cd_kl_none"]
+                out["context/cd_kl_ratio"] = ratio
+                self.distilling = self.distilling or ratio < c.distill_from_kl_ratio
+            out["context/distilling"] = float(self.distilling)
+        return out
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "composer": self.composer.state_dict(), "lambda": self.lam}
+        return {**super().state_dict(), "composer": self.composer.state_dict(), "lambda": self.lam,
+                "distilling": self.distilling}
 
     def load_state_dict(self, state: dict, step: int) -> None:
         super().load_state_dict(state, step)
         if state:
             self.composer.load_state_dict(state["composer"])
             self.lam = state["lambda"]
+            self.distilling = state.get("distilling", True)
 
 
 class LOPDText(RetrievalMixin, SelfDistillation):

@@ -19,8 +19,8 @@ from lopd.config import SkillExtractor
 from lopd.envs.calls import ParseFailure, parse_calls, render_calls
 from lopd.latent.embedder import build_embedder
 from lopd.latent.experience_bank import Experience, ExperienceBank
-from lopd.latent.memory import checkpointed_count
-from lopd.prompts import context_skills, encode_prompt, task_text
+from lopd.latent.memory import allowed, checkpointed_count
+from lopd.prompts import called_tools, context_skills, encode_prompt, task_text
 
 SUMMARY_PROMPT = ("Here is a request and a correct answer to it. In one short sentence, state the lesson "
                   "that would help answer similar requests.\nRequest: {request}\nAnswer: {answer}")
@@ -48,12 +48,16 @@ class SkillSD(SelfDistillation):
                                       checkpointed=checkpointed_count(run, "library_written"))
 
     def privileged_contexts(self, batch, step):
+        """The top-k skills per task under the configured retrieval key (`algorithm.retrieval.key`, the same
+        retrieval LOPD and lopd_text use), searched once per distinct task."""
         k = self.cfg.algorithm.skill
-        texts = [task_text(t) for t in batch.tasks]
-        unique = list(dict.fromkeys(texts))
-        found = self.library.search(self.embedder.encode(unique), k.top_k, min_similarity=k.min_similarity)
-        by_text = {t: [self.library.entries[i].trajectory for i in idx] for t, idx in zip(unique, found.index)}
-        return [context_skills(by_text[t]) if by_text[t] else None for t in texts]
+        first = {t.id: t for t in batch.tasks}  # one search per task
+        unique = list(first.values())
+        found = self.library.search(self.embedder.encode([task_text(t) for t in unique]), k.top_k,
+                                    min_similarity=k.min_similarity,
+                                    only=allowed(self.library, unique, self.cfg.algorithm.retrieval.key))
+        by_id = {t.id: [self.library.entries[i].trajectory for i in idx] for t, idx in zip(unique, found.index)}
+        return [context_skills(by_id[t.id]) if by_id[t.id] else None for t in batch.tasks]
 
     def remember(self, batch, step):
         known = {e.trajectory for e in self.library.entries}
@@ -65,7 +69,8 @@ class SkillSD(SelfDistillation):
                 known.add(skill)
                 task = batch.tasks[i]
                 new.append(Experience(task.id, task_text(task), skill, float(batch.rewards[i]), True,
-                                      step=step, source="skill"))
+                                      step=step, source="skill", category=task.category,
+                                      tools=called_tools(batch.completions[i])))
         if new:
             self.library.add(new, self.embedder.encode([e.task_text for e in new]))
         return {"context/skills": float(self.library.size), "context/new_skills": float(len(new))}

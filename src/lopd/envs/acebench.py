@@ -304,7 +304,7 @@ def load_category(data_dir: Path, category: str) -> list[Task]:
             raise DataError(f"{where}: no ground truth for id {row['id']!r} in {answers_path}")
         answer_line, answer = answers[row["id"]]
         _check_answer(answer["ground_truth"], category, row["function"], f"{answers_path}:{answer_line}")
-        meta = {"row": row, "possible_answer": answer, "source": where}
+        meta = {"row": row, "possible_answer": answer, "source": where, "tools": row["function"]}
         tasks.append(Task(row["id"], task_messages(category, row), answer["ground_truth"], category, meta))
     return tasks
 

@@ -160,7 +160,7 @@ def load_category(category: str) -> tuple[Task, ...]:
             _check_answer(a, q["function"])
             truth = a["ground_truth"]
         messages = task_messages(q["question"], q["function"])
-        meta = {"functions": q["function"], "kind": kind, "source": q["_where"]}
+        meta = {"functions": q["function"], "tools": q["function"], "kind": kind, "source": q["_where"]}
         tasks.append(Task(str(q["id"]), messages, truth, category, meta))
     return tuple(tasks)
 

@@ -116,3 +116,56 @@ def slot_cosine(added: Tensor, present: Tensor) -> Tensor:
     silent = (added.detach().eq(0).all(-1) & present).any(-1)  # [b] a present slot adds nothing: no direction
     return torch.where((n >= 2) & ~silent, total / (n * (n - 1)).clamp(min=1), torch.full_like(n, math.nan))
 
+
+
+class Compressor(nn.Module):
+    """An in-sequence compressor (ICAE's design, docs/method.md): a trainable copy of the backbone's decoder
+    reads the privileged context's tokens followed by K memory embeddings of its own, and the last hidden
+    states at those K columns become the K slots the frozen teacher reads where the text would stand.
+
+        x      = [e(c_1) .. e(c_L) ; m_1 .. m_K]               c: the context's tokens (left-padded), m: K learned
+                                                               embeddings, each its own identity and position
+        h_k    = Decoder_phi(x)[L + k]                         the copy's last hidden state at memory column k
+        slot_k = s_k * mean|e| * normalize(W h_k + b)          W starts as the identity, s_k at 1 (kept in
+                                                               [0.25, 4]): slots at the input embeddings' scale
+
+    The deep backbone reads the text and the slots in one causal sequence, each slot has its own embedding
+    and position, and the slots are far fewer than the text's tokens (K = 16 for two experiences of ~90
+    tokens): what every working compressor shares (benchmarks/RESULTS.md, section 17, reads them).
+    Trained by context distillation toward the text teacher (KL(pi_T(.|c) || pi_T(.|slots)) on the
+    student's own trajectories), then by the privilege objective; the teacher's weights stay frozen.
+    """
+
+    def __init__(self, decoder: nn.Module, embed_norm: float, memory_init: Tensor, latent_tokens: int = 16):
+        super().__init__()
+        hidden = memory_init.shape[-1]
+        self.decoder, self.latent_tokens, self.embed_norm = decoder, latent_tokens, embed_norm
+        self.memory = nn.Parameter(memory_init.detach().clone().float().reshape(latent_tokens, hidden))  # [K, H]
+        self.out = nn.Linear(hidden, hidden)
+        with torch.no_grad():
+            self.out.weight.copy_(torch.eye(hidden))
+            self.out.bias.zero_()
+        self.scale = nn.Parameter(torch.ones(latent_tokens))  # [K]
+
+    def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
+        """ids, mask: [G, L] the contexts' tokens, left-padded. Returns the slots [G, K, H]."""
+        from lopd.tokens import positions
+
+        G, K = ids.shape[0], self.latent_tokens
+        embeds = self.decoder.get_input_embeddings()(ids)  # [G, L, H]
+        memory = self.memory.to(embeds.dtype).unsqueeze(0).expand(G, -1, -1)  # [G, K, H]
+        x = torch.cat([embeds, memory], dim=1)  # [G, L + K, H]
+        full = torch.cat([mask, torch.ones(G, K, dtype=mask.dtype, device=mask.device)], dim=1)  # [G, L + K]
+        h = self.decoder(inputs_embeds=x, attention_mask=full, position_ids=positions(full)).last_hidden_state[:, -K:]
+        scale = self.scale.clamp(0.25, 4.0)[None, :, None]  # [1, K, 1]
+        return scale * self.embed_norm * nn.functional.normalize(self.out(h.float()), dim=-1)  # [G, K, H]
+
+
+def memory_embeddings(table: Tensor, k: int, seed: int = 0) -> Tensor:
+    """K distinct rows of the input-embedding table [V, H] plus 10% noise: the memory tokens' start, each
+    its own identity at the embeddings' own scale (ICAE's N(0, 1) would be ~10x too large here)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randperm(table.shape[0], generator=g)[:k]
+    base = table[rows].detach().float()  # [K, H]
+    noise = torch.randn(base.shape, generator=g) * base.norm(dim=-1, keepdim=True) * 0.1 / math.sqrt(base.shape[-1])
+    return base + noise

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
@@ -47,6 +47,7 @@ class Experience:
     group: str = ""  # sampling group: trajectories sampled together for one task at one step
     source: str = "rollout"
     category: str = ""
+    tools: list[str] = field(default_factory=list)  # the tools its trajectory called (retrieval by the task's tools)
     id: int = -1  # assigned by the bank
 
 
@@ -141,8 +142,20 @@ class ExperienceBank:
         """Rebuild the lookup structures retrieval uses (after load, compaction or truncation)."""
         self.successful = np.array([e.success for e in self.entries], dtype=bool)
         self.by_group: dict[str, list[int]] = {}
+        self.by_tool: dict[str, list[int]] = {}
+        self.by_category: dict[str, list[int]] = {}
         for e in self.entries:
-            self.by_group.setdefault(e.group, []).append(e.id)
+            self._index(e)
+
+    def _index(self, e: Experience) -> None:
+        self.by_group.setdefault(e.group, []).append(e.id)
+        self.by_category.setdefault(e.category, []).append(e.id)
+        for tool in e.tools:
+            self.by_tool.setdefault(tool, []).append(e.id)
+
+    def calling(self, tools) -> list[int]:
+        """The ids of the entries whose trajectory called one of `tools` (ascending)."""
+        return sorted({i for t in tools for i in self.by_tool.get(t, ())})
 
     # ------------------------------------------------------------------ persistence
 
@@ -262,7 +275,7 @@ class ExperienceBank:
         self.alive = np.concatenate([self.alive, np.ones(len(experiences), dtype=bool)])
         self.successful = np.concatenate([self.successful, np.array([e.success for e in experiences], dtype=bool)])
         for e in experiences:
-            self.by_group.setdefault(e.group, []).append(e.id)
+            self._index(e)
         self._evict()
         return [e.id for e in experiences]
 
@@ -319,10 +332,12 @@ class ExperienceBank:
 
     def search(self, queries: np.ndarray, k: int, *, exclude_ids: Sequence[Sequence[int]] | None = None,
                exclude_groups: Sequence[str] | None = None, successes_only: bool = True,
-               min_similarity: float = -1.0, distinct: bool = False) -> Retrieved:
+               min_similarity: float = -1.0, distinct: bool = False,
+               only: Sequence[Sequence[int] | None] | None = None) -> Retrieved:
         """Top-k entries by cosine similarity for each query key [Q, dim]. `distinct`: never two entries with
         the same (task text, trajectory): a group's identical successes share their task's key, and would
-        otherwise fill the k places with one experience."""
+        otherwise fill the k places with one experience. `only[q]`: the entry ids query q may retrieve (None:
+        any), e.g. the entries that called one of the task's tools (`calling`)."""
         queries = np.asarray(queries, dtype=np.float32).reshape(-1, self.dim)
         Q = len(queries)
         if Q == 0 or self.size == 0 or k <= 0:
@@ -336,6 +351,11 @@ class ExperienceBank:
         for q, ids in enumerate(exclude_ids or []):
             if len(ids):
                 sims[q, list(ids)] = -torch.inf
+        for q, ids in enumerate(only or []):
+            if ids is not None:
+                allowed = torch.zeros(sims.shape[1], dtype=torch.bool)
+                allowed[list(ids)] = True
+                sims[q, ~allowed] = -torch.inf
         top = torch.topk(sims, min(k * 16 if distinct else k, sims.shape[1]), dim=1)
         index, similarity = [], []
         for vals, idx in zip(top.values.tolist(), top.indices.tolist()):

@@ -12,10 +12,10 @@ from collections import OrderedDict
 
 import torch
 
-from lopd.config import RememberWhat
+from lopd.config import RememberWhat, RetrievalKey
 from lopd.latent.embedder import build_embedder
 from lopd.latent.experience_bank import Experience, ExperienceBank, Retrieved
-from lopd.prompts import task_text
+from lopd.prompts import called_tools, offered_tools, task_text
 from lopd.fsdp import is_sharded, union
 from lopd.tokens import decoder_and_head
 
@@ -25,7 +25,7 @@ class ExperienceMemory:
 
     def __init__(self, cfg, run, frozen, tokenizer):
         r, c = cfg.algorithm.retrieval, cfg.algorithm.lopd
-        self.cfg = c
+        self.cfg, self.key = c, r.key
         self.embedder = build_embedder(r.embedder, r.embedder_path, frozen, tokenizer)
         folder = run.bank_dir if run is not None else None
         self.bank = ExperienceBank(self.embedder.dim, folder, capacity=c.bank_capacity, eviction=c.eviction,
@@ -38,7 +38,7 @@ class ExperienceMemory:
         texts = [task_text(batch.tasks[i]) for i in keep]
         entries = [Experience(batch.tasks[i].id, texts[j], batch.completions[i], float(batch.rewards[i]),
                               bool(batch.success[i]), batch.feedback[i], step, f"{step}:{int(batch.group[i])}",
-                              category=batch.tasks[i].category)
+                              category=batch.tasks[i].category, tools=called_tools(batch.completions[i]))
                    for j, i in enumerate(keep)]
         ids = self.bank.add(entries, self._encode_unique(texts)) if entries else []
         out = [-1] * len(batch)
@@ -52,11 +52,13 @@ class ExperienceMemory:
         row = {t: i for i, t in enumerate(unique)}
         return keys[[row[t] for t in texts]]
 
-    def search(self, texts: list[str], **exclusions) -> Retrieved:
-        """The configured retrieval (k, successes only, minimum similarity, distinct experiences) for task texts;
-        training and `lopd inspect` both go through it."""
-        return self.bank.search(self._encode_unique(texts), self.cfg.retrieve_k, successes_only=not self.cfg.retrieve_failures,
-                                min_similarity=self.cfg.min_similarity, distinct=self.cfg.distinct_experiences, **exclusions)
+    def search(self, tasks, **exclusions) -> Retrieved:
+        """The configured retrieval (key, k, successes only, minimum similarity, distinct experiences) for
+        tasks; training, `lopd inspect` and the privilege probe all go through it."""
+        return self.bank.search(self._encode_unique([task_text(t) for t in tasks]), self.cfg.retrieve_k,
+                                successes_only=not self.cfg.retrieve_failures, min_similarity=self.cfg.min_similarity,
+                                distinct=self.cfg.distinct_experiences, only=allowed(self.bank, tasks, self.key),
+                                **exclusions)
 
     def retrieve(self, batch, step: int, own_ids: list[int] | None = None) -> Retrieved:
         """Top-k per trajectory, searched once per sampling group: every trajectory of a group shares its
@@ -66,8 +68,7 @@ class ExperienceMemory:
         groups = [f"{step}:{int(g)}" for g in batch.group]
         first = {g: i for i, g in reversed(list(enumerate(groups)))}  # group -> its first trajectory
         order = list(first)
-        texts = [task_text(batch.tasks[first[g]]) for g in order]
-        found = self.search(texts, exclude_groups=order,
+        found = self.search([batch.tasks[first[g]] for g in order], exclude_groups=order,
                             exclude_ids=[[i for i, gg in zip(own_ids, groups) if gg == g and i >= 0] for g in order])
         row = {g: j for j, g in enumerate(order)}
         return Retrieved([found.index[row[g]] for g in groups], [found.similarity[row[g]] for g in groups])
@@ -86,6 +87,19 @@ class ExperienceMemory:
                 "context/retrieval_similarity": sum(sims) / len(sims) if sims else 0.0,
                 "context/retrieval_hit": sum(hits) / max(len(hits), 1),
                 "context/retrieval_same_task": sum(same) / max(len(same), 1)}
+
+
+def allowed(bank: ExperienceBank, tasks, key: RetrievalKey) -> list[list[int] | None] | None:
+    """Per task, the bank entries retrieval may find under `key` (`algorithm.retrieval.key`; None: any):
+    task_tools, the entries whose trajectory called a tool the task offers (a task that offers none may find
+    any); category, the entries of the task's category."""
+    if key == RetrievalKey.request:
+        return None
+    if key == RetrievalKey.task_tools:
+        return [bank.calling(tools) if (tools := offered_tools(t)) else None for t in tasks]
+    if key == RetrievalKey.category:
+        return [bank.by_category.get(t.category, []) for t in tasks]
+    raise ValueError(f"retrieval key '{key}' is not one of {', '.join(RetrievalKey)}")
 
 
 def checkpointed_count(run, key: str) -> int | None:
