@@ -213,6 +213,19 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def cmd_probe(args) -> int:
+    from dataclasses import fields
+
+    cfg = load_config(config_path(args.config), args.overrides)
+    from lopd.probe import ProbeSettings, run_probe
+
+    settings = ProbeSettings(**{f.name: getattr(args, f.name) for f in fields(ProbeSettings)
+                                if getattr(args, f.name, None) is not None})
+    run_probe(cfg, settings, args.out)
+    print(f"\n{(Path(args.out) / 'probe.md').read_text()}\ntable: {Path(args.out) / 'probe.md'}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     import shutil
 
@@ -290,7 +303,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lopd", description=__doc__, formatter_class=HelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,compare,bank,inspect,demo}",
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,compare,bank,inspect,probe,demo}",
                                 parser_class=Parser)
 
     p = sub.add_parser("train", help="train a policy (or resume a run directory)", formatter_class=HelpFormatter,
@@ -349,6 +362,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", help="split the tasks come from (default: the first of env.eval_splits)")
     p.add_argument("--slots", type=int, default=48, help="slots drawn per task (default 48)")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("probe", formatter_class=HelpFormatter,
+                       help="how much privilege each context source gives a self-teacher, before any grid",
+                       description="On a fixed bank (the untrained policy's rollouts on the train split) and the student's "
+                                   "own trajectories on a held-out split: per context source, the teacher's gain on "
+                                   "successes and failures, the privilege AUC, A x Delta, the context's shift, its "
+                                   "tokens, and greedy success with the context (lopd/probe.py). Resumable.")
+    p.add_argument("--out", required=True, help="folder for probe.md, probe.json and the cached bank")
+    p.add_argument("--config", help="YAML config or bundled name for the model, env and decoding (default: lopd)",
+                   default="lopd")
+    p.add_argument("--sources", nargs="+", help="context sources (default: none, reference, every key x k, latent)")
+    p.add_argument("--split", help="the held-out split (default: val)")
+    p.add_argument("--val-tasks", dest="val_tasks", type=int, help="tasks of the split (default 100)")
+    p.add_argument("--group", type=int, help="trajectories per task (default 8)")
+    p.add_argument("--bank-rollouts", dest="bank_rollouts", type=int, help="rollouts in the bank (default 2048)")
+    p.add_argument("--early-rollouts", dest="early_rollouts", type=int, help="the early bank's rollouts (default 176)")
+    p.add_argument("--latent-steps", dest="latent_steps", type=int, help="compressor training steps (default 200)")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("demo", formatter_class=HelpFormatter, help="LOPD against GRPO and the self-distillation baselines on the bundled task",
                        description="The showcase: trains the bundled tiny policy on ToolWorld with GRPO, OPSD, SDPO, "

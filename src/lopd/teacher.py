@@ -101,35 +101,88 @@ class Teacher:
         `latents.values`), and [B] the number of context tokens under the slots of each row.
         `checkpoint_layers`: recompute each decoder layer in the backward pass instead of keeping its
         activations (the teacher's forward then costs one more forward, and far less memory)."""
-        B, K, _ = latents.values.shape
-        over, in_context = latents.over_context, latents.position == LatentPosition.in_context
-        rows, starts, spans = [], [], []
-        for task, text in zip(batch.tasks, contexts):
-            marker = text if text is not None or over else PLACEHOLDER  # where the slots go
-            ids, s, e = context_span(self.tokenizer, task.messages, marker)
-            spans.append(ids[s:e][:K] if text is not None and over else [])
-            rows.append(ids[:s] + ids[e:] if in_context else encode_prompt(self.tokenizer, task.messages))
-            starts.append(s if in_context else 0)
-        ids, mask = left_pad(rows, self.tokenizer.pad_token_id)
-        at = torch.tensor(starts) + ((mask == 0).sum(-1) if in_context else 0)  # [B] slot position in the row
-        length = torch.tensor([len(s) for s in spans])  # [B]
-        device = latents.values.device
+        prompt = latent_prompt(self.tokenizer, batch.tasks, contexts, latents)
         with self.active() as model, activation_checkpointing(model, checkpoint_layers):
-            if over:
-                span_ids = torch.zeros(B, K, dtype=torch.long)
-                for b, s in enumerate(spans):
-                    span_ids[b, :len(s)] = torch.tensor(s, dtype=torch.long)
-                base = model.get_input_embeddings()(span_ids.to(device)).detach()  # [B, K, H]
-                present = torch.arange(K)[None] < length[:, None]  # [B, K]
-                values = torch.where(present.to(device)[..., None], base + latents.values.to(base.dtype),
-                                     latents.values.to(base.dtype))
-            else:
-                present = torch.tensor([c is not None for c in contexts])[:, None].expand(B, K)
-                values = latents.values
-            stats = score_completions(model, ids, mask, batch.completion_ids, batch.completion_mask,
+            stats = score_completions(model, prompt.ids, prompt.mask, batch.completion_ids, batch.completion_mask,
                                       completion_attention=batch.completion_attention, temperature=self.temperature,
-                                      latents=Latents(values, present.to(device), at.to(device)), head_dtype=self.head_dtype)
-        return stats.weights_detached(), length
+                                      latents=prompt.latents(model, latents), head_dtype=self.head_dtype)
+        return stats.weights_detached(), prompt.length
+
+    @torch.no_grad()
+    def generate_latent(self, tasks, contexts: Sequence[str | None], latents: LatentSlots,
+                        max_new_tokens: int = 64) -> list[str]:
+        """What the teacher answers, greedily, reading the slots in its prompt (the privilege probe's greedy
+        success with a latent context)."""
+        from lopd.rollout import _eos_ids
+        from lopd.tokens import decoder_and_head, positions, splice
+
+        prompt = latent_prompt(self.tokenizer, tasks, contexts, latents)
+        with self.active() as model:
+            device = next(model.parameters()).device
+            decoder, _ = decoder_and_head(model)
+            embeds = decoder.get_input_embeddings()(prompt.ids.to(device))
+            embeds, mask = splice(embeds, prompt.mask.to(device), prompt.latents(model, latents))
+            was_training = model.training
+            model.eval()
+            out = model.generate(inputs_embeds=embeds, attention_mask=mask, position_ids=positions(mask),
+                                 max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None,
+                                 top_k=None, eos_token_id=_eos_ids(self.tokenizer, model),
+                                 pad_token_id=self.tokenizer.pad_token_id)
+            model.train(was_training)
+        return self.tokenizer.batch_decode(out, skip_special_tokens=True)
+
+
+@dataclass
+class LatentPrompt:
+    """The teacher's prompts with room for latent slots: each row's ids with the context's text cut out
+    (in_context) or the plain prompt (prefix), where the slots go, and the context tokens under them."""
+
+    ids: Tensor  # [B, P] left-padded
+    mask: Tensor  # [B, P]
+    at: Tensor  # [B] the column before which each row's slots go
+    spans: list[list[int]]  # [B][<=K] the context's token ids under the slots (over_context only)
+    over: bool
+    has_context: list[bool]
+
+    @property
+    def length(self) -> Tensor:
+        """[B] context tokens under the slots."""
+        return torch.tensor([len(s) for s in self.spans])
+
+    def latents(self, model: nn.Module, slots: LatentSlots) -> Latents:
+        """The slots as `Latents` for `score_completions`/`splice`: over the context's token embeddings
+        (`over_context`: values added to them, absent past the context) or K slots of their own."""
+        B, K, _ = slots.values.shape
+        device = slots.values.device
+        if self.over:
+            span_ids = torch.zeros(B, K, dtype=torch.long)
+            for b, s in enumerate(self.spans):
+                span_ids[b, :len(s)] = torch.tensor(s, dtype=torch.long)
+            base = model.get_input_embeddings()(span_ids.to(device)).detach()  # [B, K, H]
+            present = torch.arange(K)[None] < self.length[:, None]  # [B, K]
+            values = torch.where(present.to(device)[..., None], base + slots.values.to(base.dtype),
+                                 slots.values.to(base.dtype))
+        else:
+            present = torch.tensor(self.has_context)[:, None].expand(B, K)
+            values = slots.values
+        return Latents(values, present.to(device), self.at.to(device))
+
+
+def latent_prompt(tokenizer, tasks, contexts: Sequence[str | None], slots: LatentSlots) -> LatentPrompt:
+    """Where K slots go in each task's prompt: in place of its context's text (the end of the system message,
+    `in_context`) or before the chat template (`prefix`)."""
+    K = slots.values.shape[1]
+    over, in_context = slots.over_context, slots.position == LatentPosition.in_context
+    rows, starts, spans = [], [], []
+    for task, text in zip(tasks, contexts):
+        marker = text if text is not None or over else PLACEHOLDER  # where the slots go
+        ids, s, e = context_span(tokenizer, task.messages, marker)
+        spans.append(ids[s:e][:K] if text is not None and over else [])
+        rows.append(ids[:s] + ids[e:] if in_context else encode_prompt(tokenizer, task.messages))
+        starts.append(s if in_context else 0)
+    ids, mask = left_pad(rows, tokenizer.pad_token_id)
+    at = torch.tensor(starts) + ((mask == 0).sum(-1) if in_context else 0)  # [B] slot position in the row
+    return LatentPrompt(ids, mask, at, spans, over, [c is not None for c in contexts])
 
 
 @contextlib.contextmanager
