@@ -30,6 +30,7 @@ so this is also the teacher's gain over the student):
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
@@ -89,10 +90,13 @@ class Probe:
     def __init__(self, cfg: Config, settings: ProbeSettings, out: Path):
         self.cfg, self.s, self.out = cfg, settings, Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
         torch.manual_seed(cfg.train.seed)
         self.env = build_env(cfg.env)
         self.model, self.tokenizer = load_policy(cfg.model)
         self.teacher = FrozenTeacher(self.model, self.tokenizer, cfg.rollout.temperature)
+        self.banks: dict[bool, ExperienceMemory] = {}  # early? -> the bank
         self.bank_batches = self.bank_rollouts()
         self.val = self.student_trajectories()
         self.val_tasks = list({t.id: t for t in self.val.tasks}.values())
@@ -122,18 +126,21 @@ class Probe:
                                     temperature=self.cfg.rollout.temperature, max_new_tokens=self.cfg.rollout.max_new_tokens)
 
     def memory(self, key: RetrievalKey, k: int, early: bool) -> ExperienceMemory:
-        """A bank of the first `early_rollouts` (or all) bank rollouts, retrieving by `key`, k per task."""
-        cfg = replace(self.cfg, algorithm=replace(self.cfg.algorithm, retrieval=replace(self.cfg.algorithm.retrieval, key=key),
-                                                  lopd=replace(self.cfg.algorithm.lopd, retrieve_k=k)))
-        memory = ExperienceMemory(cfg, None, self.teacher, self.tokenizer)
-        left = self.s.early_rollouts if early else self.s.bank_rollouts
-        for step, batch in enumerate(self.bank_batches, 1):
-            if left <= 0:
-                break
-            part = batch if left >= len(batch) else batch.select(torch.arange(left))
-            memory.remember(part, step)
-            left -= len(part)
-        return memory
+        """A bank of the first `early_rollouts` (or all) bank rollouts, retrieving by `key`, k per task (the
+        bank and its keys are built once per size; a source only changes how it is searched)."""
+        if early not in self.banks:
+            memory = ExperienceMemory(self.cfg, None, self.teacher, self.tokenizer)
+            left = self.s.early_rollouts if early else self.s.bank_rollouts
+            for step, batch in enumerate(self.bank_batches, 1):
+                if left <= 0:
+                    break
+                part = batch if left >= len(batch) else batch.select(torch.arange(left))
+                memory.remember(part, step)
+                left -= len(part)
+            self.banks[early] = memory
+        view = copy.copy(self.banks[early])
+        view.key, view.cfg = key, replace(view.cfg, retrieve_k=k)
+        return view
 
     # --------------------------------------------------------------------------------- measurements
 
@@ -275,8 +282,6 @@ class Probe:
     def train_compressor(self, memory: ExperienceMemory, K: int):
         """`latent_steps` steps of KL(pi_T(.|c) || pi_T(.|slots)) on the bank's own trajectories, each with the
         experiences retrieved for it (never its own group's), AdamW at `latent_lr`."""
-        import copy
-
         from lopd.algorithms.lopd import experiences_as_text
         from lopd.latent.composer import Compressor, memory_embeddings
 
