@@ -12,8 +12,15 @@ from lopd.algorithms.lopd import RetrievalContext
 from lopd.update import update
 from lopd.tokens import score_completions
 
-# in make test: the methods whose context covers only some rows; the rest run under -m slow
-ALGORITHMS = ["grpo", "sdpo", "lopd"] + [pytest.param(n, marks=pytest.mark.slow) for n in ("opsd", "skill_sd", "lopd_text")]
+# in make test: the methods whose context covers only some rows; the rest run under -m slow. A name with a
+# "+variant" runs the algorithm with the overrides VARIANTS gives it (LOPD's compressor; the residual target).
+ALGORITHMS = ["grpo", "sdpo", "lopd", "lopd+compressor", "sdpo+residual"] + [
+    pytest.param(n, marks=pytest.mark.slow) for n in ("opsd", "skill_sd", "lopd_text")]
+VARIANTS = {
+    "compressor": ["algorithm.lopd.composer=compressor", "algorithm.lopd.latent_tokens=8", "algorithm.lopd.cd_rows=2",
+                   "algorithm.lopd.beta=0.0", "algorithm.lopd.distill_from_kl_ratio=inf"],
+    "residual": ["algorithm.distill.target=residual"],
+}
 BASE = ["rollout.tasks_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=32",
         "model.lora.enabled=false", "train.threads=1"]
 # groups of 4: mixed, no success, mixed, all successes
@@ -22,7 +29,8 @@ WITHOUT_CONTEXT = [2, 8, 9, 10, 11]  # rows whose retrieval "found nothing" (whe
 
 
 def _session(toolworld, name, overrides=()):
-    return session_for([f"algorithm.name={name}", *BASE, *overrides], env=toolworld)
+    name, _, variant = name.partition("+")
+    return session_for([f"algorithm.name={name}", *BASE, *VARIANTS.get(variant, []), *overrides], env=toolworld)
 
 
 def _batch_and_context(s, toolworld, rewards=REWARDS, blank=WITHOUT_CONTEXT):

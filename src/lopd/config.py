@@ -267,7 +267,7 @@ class LOPDConfig:
                          "distillation (0 = all)", 2)
     distill_from_kl_ratio: float = _help("compressor: the student distils toward the latent teacher (and the margin "
                                          "acts) once KL(text || slots) / KL(text || no context) on the distillation "
-                                         "rows falls below this; before, it learns from the policy gradient alone", 0.5)
+                                         "rows falls below this; before, it learns from the policy gradient alone (inf: from the first batch)", 0.5)
     position: LatentPosition = _help("where the latent slots go in the teacher's prompt", LatentPosition.in_context)
     retrieve_k: int = _help("k: experiences retrieved per task", 4)
     retrieve: bool = _help("condition the composer on retrieved experiences (false: a learned task-independent context)", True)

@@ -1,26 +1,36 @@
 """LOPD: Latent On-Policy Self-Distillation.
 
 Per batch:
-    retrieve   top-k successful experiences of earlier steps per task (never the trajectory's own group)
-    compose    the composer reads their frozen-backbone encodings and writes K latent slots z that lie
-               over the experiences' text context c (`copy_experience_tokens`): z_k = e(c_k) + tanh(g) n_k
-    teach      the teacher reads its prompt with z where a text context stands (the end of the system
-               message, `position: in_context`; or before the chat template, `prefix`) and scores every
+    retrieve   top-k successful experiences of earlier steps per task (never the trajectory's own group), by
+               `algorithm.retrieval.key`: the most similar requests, or those that called one of the task's tools
+    compose    the composer writes K latent slots z from them (`algorithm.lopd.composer`):
+                 compressor  a trainable copy of the backbone reads [the experiences' text ; K memory tokens];
+                             the K last hidden states, at the embeddings' scale, are z (K = 16 for ~90 tokens)
+                 resampler   a Perceiver-style resampler over frozen features adds tanh(g) n_k to the embedding of
+                             each context token it lies over (`copy_experience_tokens`: no compression)
+    teach      the frozen teacher reads its prompt with z where the text context would stand (the end of the
+               system message, `position: in_context`; or before the chat template, `prefix`) and scores every
                visited prefix of the student's completion
-    distil     student:  coef * KL(pi_theta || sg pi_T)                per token, any estimator
-               composer: objective `kl`:        beta * KL(sg pi_theta || pi_T) + lambda * hinge
-                         objective `privilege`: -w * mean A * Delta + beta * KL(sg pi_theta || pi_T) + lambda * hinge
+    distil     student:  coef * D(pi_theta || target) per token (`algorithm.distill.target`: the teacher, the
+                         teacher where the context moves it, or the student shifted by the context's log-ratio)
+                         [+ pg_weight * GRPO]
+               composer: compressor  cd_weight * KL(pi_T(.|c) || pi_T(.|z)) on `cd_rows` rows per group (context
+                                     distillation toward the text teacher: no reward needed) + lambda * hinge
+                         resampler   objective `kl`: beta * KL(sg pi_theta || pi_T) + lambda * hinge;
+                                     `privilege`: -w * mean A * Delta + beta * KL + lambda * hinge
                hinge = mean_y max(0, m - A(y) * Delta(y)),
                Delta(y) = mean_t [log pi_T(y_t | z, x, y<t) - log pi_0(y_t | x, y<t)]   (pi_0: no context)
     step       one optimizer step on student and composer (separate learning rates)
-    remember   the batch's trajectories go into the experience bank (key: the task's embedding)
+    remember   the batch's trajectories go into the experience bank (key: the task's embedding; its tools)
 lambda is fixed, or follows dual ascent lambda <- max(0, lambda + dual_lr * mean(m - A * Delta)).
 
-At gate 0 the slots are exactly the retrieved experiences' text, so LOPD's teacher starts as its text
-ablation `lopd_text` (a test checks it to 1e-5) and the composer can only learn from there. Trajectories
-whose retrieval found nothing get no context and, with `mask_without_context`, no distillation and no
-composer loss. `composer_warmup_steps` trains only the composer on the first batches, `composer_passes`
-adds composer-only passes over every batch. At evaluation the student runs alone.
+The compressor warms up first: until its slots carry enough of the text's effect (KL(text || z) / KL(text ||
+none) below `distill_from_kl_ratio` on the distillation rows, over the whole minibatch) the student learns from
+the policy gradient alone and the margin waits. The resampler starts at gate 0 as exactly its text ablation
+`lopd_text` (a test checks it to 1e-5). Trajectories whose retrieval found nothing get no context and, with
+`mask_without_context`, no distillation and no composer loss. `composer_warmup_steps` trains only the composer on
+the first batches, `composer_passes` adds composer-only passes over every batch. At evaluation the student runs
+alone.
 
 Ablations (configs/lopd_*.yaml): no margin (lambda = 0), a frozen random composer, no retrieval (a
 learned task-independent context), and `lopd_text`: the same retrieved experiences as plain text.
@@ -100,7 +110,8 @@ class LOPD(RetrievalMixin, SelfDistillation):
             emb = model.get_input_embeddings().weight.detach()
             hidden = model.config.hidden_size
         self.lam = c.margin_coef
-        self.distilling = c.composer != ComposerKind.compressor  # the compressor warms up first
+        # the compressor warms up first (distill_from_kl_ratio inf: from the first batch)
+        self.distilling = c.composer != ComposerKind.compressor or c.distill_from_kl_ratio == float("inf")
         if c.composer == ComposerKind.compressor:
             self.composer = self.build_compressor(emb, runtime.get("device", "cpu"))
             self.composer.requires_grad_(c.train_composer)

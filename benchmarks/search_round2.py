@@ -1,0 +1,144 @@
+"""The second fair search (issue 30, RESULTS.md section 17): the retrieval keys and distillation targets the
+privilege probe pointed to, and LOPD's compressor, chosen on ToolWorld's `val` split (never `test`), with
+the same budget for every method: its round-1 selection (benchmarks/search_toolworld.json, already in its
+config file) and six variants of it, seeds 0 and 1, 1,024 rollouts, `val` evaluated every 256.
+
+    python benchmarks/search_round2.py                   # run (or resume) every run, then write the table
+    python benchmarks/search_round2.py --report-only     # the table from the runs on disk
+    python benchmarks/search_round2.py --methods lopd --seeds 0
+
+A variant is selected over the base only if its mean final `val` success over the seeds is higher (ties: the
+mean `val` AUC). Every run is a normal run directory under runs/search2/ (a grid skips finished runs).
+Writes benchmarks/search_round2.md and benchmarks/search_round2.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "src" / "lopd" / "configs"
+OUT = Path("runs/search2")
+BUDGET, EVAL_EVERY = 1024, 256
+COMMON = ["env.eval_splits=[val]", "eval.max_tasks=200"]
+
+RESIDUAL = ["algorithm.distill.target=residual"]
+GATED = ["algorithm.distill.target=gated", "algorithm.distill.gate_threshold=0.05"]
+TEXT_TARGETS = {  # OPSD and SDPO: the targets and the teacher's weights
+    "gated": GATED,
+    "gated0.2": ["algorithm.distill.target=gated", "algorithm.distill.gate_threshold=0.2"],
+    "residual": RESIDUAL,
+    "residual_b2": RESIDUAL + ["algorithm.distill.residual_beta=2.0"],
+    "ema": ["algorithm.distill.teacher=ema"],
+    "live": ["algorithm.distill.teacher=live"],
+}
+RETRIEVAL = {  # Skill-SD and lopd_text: the retrieval keys, the targets, and both
+    "task_tools": ["algorithm.retrieval.key=task_tools"],
+    "category": ["algorithm.retrieval.key=category"],
+    "gated": GATED,
+    "residual": RESIDUAL,
+    "task_tools+residual": ["algorithm.retrieval.key=task_tools"] + RESIDUAL,
+    "category+residual": ["algorithm.retrieval.key=category"] + RESIDUAL,
+}
+COMPRESSOR = ["algorithm.lopd.composer=compressor", "algorithm.lopd.latent_tokens=16", "algorithm.lopd.retrieve_k=2",
+              "algorithm.lopd.beta=0.0", "algorithm.lopd.composer_lr=1e-3", "algorithm.retrieval.key=task_tools"]
+VARIANTS = {
+    "grpo": {
+        "lr2e-4": ["optim.lr=2e-4"],
+        "lr5e-4": ["optim.lr=5e-4"],
+        "cliphigh": ["algorithm.pg.clip_high=0.28"],
+        "drgrpo": ["algorithm.pg.normalize_std=false"],
+        "minibatch2": ["train.minibatches=2"],
+        "token": ["algorithm.aggregation=token"],
+    },
+    "opsd": TEXT_TARGETS,
+    "sdpo": TEXT_TARGETS,
+    "skill_sd": RETRIEVAL,
+    "lopd_text_experiences": RETRIEVAL,
+    "lopd": {
+        "compressor": COMPRESSOR,
+        "compressor+gated": COMPRESSOR + GATED,
+        "compressor+residual": COMPRESSOR + RESIDUAL,
+        "compressor+residual+K32k4": COMPRESSOR + RESIDUAL + ["algorithm.lopd.latent_tokens=32", "algorithm.lopd.retrieve_k=4"],
+        "compressor+residual+category": COMPRESSOR + RESIDUAL + ["algorithm.retrieval.key=category"],
+        "resampler+task_tools+residual": ["algorithm.retrieval.key=task_tools"] + RESIDUAL,
+    },
+}
+
+
+def grid_file(methods: dict[str, tuple[str, list[str]]], seeds: list[int]) -> Path:
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / "grid.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "search2", "out": str(OUT), "budget": BUDGET, "eval_every": EVAL_EVERY, "seeds": seeds,
+        "base": str(CONFIGS / "demo.yaml"), "overrides": COMMON, "workers": 2, "threads_per_worker": 1,
+        "reference": "grpo@base", "methods": {m: {"config": c, "overrides": o} for m, (c, o) in methods.items()}},
+        sort_keys=False))
+    return path
+
+
+def curve(run_dir: Path) -> list[tuple[int, float]] | None:
+    from lopd.runs import RunDir
+
+    run = RunDir(run_dir)
+    if not run.finished():
+        return None
+    return [(r["rollouts"], r["eval/val/success"]) for r in run.read_metrics() if "eval/val/success" in r]
+
+
+def figures(points: list[tuple[int, float]]) -> dict[str, float]:
+    area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(points, points[1:]))
+    at = dict(points)
+    return {"final": points[-1][1], "at512": at.get(512, float("nan")), "auc": area / max(points[-1][0] - points[0][0], 1)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--report-only", action="store_true")
+    p.add_argument("--methods", nargs="+", default=list(VARIANTS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    args = p.parse_args()
+    runs = {}
+    for m in args.methods:
+        config = str(CONFIGS / f"{m}.yaml")
+        runs[f"{m}@base"] = (config, [])
+        runs.update({f"{m}@{v}": (config, o) for v, o in VARIANTS[m].items()})
+    path = grid_file(runs, args.seeds)
+    if not args.report_only:
+        from lopd.compare import load_grid, run_grid
+
+        run_grid(load_grid(path))
+    results = {}
+    for key in runs:
+        per_seed = [curve(OUT / key / f"seed{s}") for s in args.seeds]
+        if all(c is not None for c in per_seed):
+            fig = [figures(c) for c in per_seed]
+            results[key] = {k: statistics.fmean(f[k] for f in fig) for k in fig[0]} | {
+                "per_seed_final": [f["final"] for f in fig]}
+    chosen, lines = {}, ["| method | configuration | val at 512 (%) | val at 1,024 (%) | per seed | val AUC (%) |",
+                         "|---|---|---:|---:|---|---:|"]
+    for m in args.methods:
+        mine = {k: v for k, v in results.items() if k.split("@")[0] == m}
+        if f"{m}@base" not in mine:
+            continue
+        top = max(mine, key=lambda k: (mine[k]["final"], mine[k]["auc"]))
+        chosen[m] = {"run": top, "overrides": runs[top][1], **mine[top], "configurations": len(mine)}
+        for k in sorted(mine, key=lambda k: (-mine[k]["final"], -mine[k]["auc"])):
+            r, cell = mine[k], k.split("@", 1)[1]
+            bold = "**" if k == top else ""
+            lines.append(f"| {m} | {bold}{cell}{bold} | {100 * r['at512']:.1f} | {bold}{100 * r['final']:.1f}{bold} | "
+                         f"{', '.join(f'{100 * x:.1f}' for x in r['per_seed_final'])} | {100 * r['auc']:.1f} |")
+    (ROOT / "benchmarks" / "search_round2.json").write_text(json.dumps(chosen, indent=1))
+    (ROOT / "benchmarks" / "search_round2.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
