@@ -65,7 +65,7 @@ VARIANTS = {
         "compressor": COMPRESSOR,
         "compressor+gated": COMPRESSOR + GATED,
         "compressor+residual": COMPRESSOR + RESIDUAL,
-        "compressor+residual+K32k4": COMPRESSOR + RESIDUAL + ["algorithm.lopd.latent_tokens=32", "algorithm.lopd.retrieve_k=4"],
+        "compressor+residual+K8": COMPRESSOR + RESIDUAL + ["algorithm.lopd.latent_tokens=8"],
         "compressor+residual+category": COMPRESSOR + RESIDUAL + ["algorithm.retrieval.key=category"],
         "resampler+task_tools+residual": ["algorithm.retrieval.key=task_tools"] + RESIDUAL,
     },

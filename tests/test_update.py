@@ -14,12 +14,14 @@ from lopd.tokens import score_completions
 
 # in make test: the methods whose context covers only some rows; the rest run under -m slow. A name with a
 # "+variant" runs the algorithm with the overrides VARIANTS gives it (LOPD's compressor; the residual target).
-ALGORITHMS = ["grpo", "sdpo", "lopd", "lopd+compressor", "sdpo+residual"] + [
+ALGORITHMS = ["grpo", "sdpo", "lopd", "lopd+compressor", "lopd+warmup", "sdpo+residual"] + [
     pytest.param(n, marks=pytest.mark.slow) for n in ("opsd", "skill_sd", "lopd_text")]
 VARIANTS = {
     "compressor": ["algorithm.lopd.composer=compressor", "algorithm.lopd.latent_tokens=8", "algorithm.lopd.cd_rows=2",
-                   "algorithm.lopd.beta=0.0", "algorithm.lopd.distill_from_kl_ratio=inf"],
+                   "algorithm.lopd.beta=0.0", "algorithm.lopd.latent_from_kl_ratio=inf"],
     "residual": ["algorithm.distill.target=residual"],
+    # the compressor's warm-up: the student follows the text teacher, the compressor distils it on every row
+    "warmup": ["algorithm.lopd.composer=compressor", "algorithm.lopd.latent_tokens=8", "algorithm.lopd.beta=0.0"],
 }
 BASE = ["rollout.tasks_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=32",
         "model.lora.enabled=false", "train.threads=1"]

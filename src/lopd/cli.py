@@ -216,6 +216,8 @@ def cmd_inspect(args) -> int:
 def cmd_probe(args) -> int:
     from dataclasses import fields
 
+    args.overrides += [s for s in args.sources or [] if "=" in s]  # argparse's nargs="+" swallows them
+    args.sources = [s for s in args.sources or [] if "=" not in s] or None
     cfg = load_config(config_path(args.config), args.overrides)
     from lopd.probe import ProbeSettings, run_probe
 

@@ -263,11 +263,12 @@ class LOPDConfig:
                                "K of them kept; compressor: K slots in place of the whole context)", 64)
     cd_weight: float = _help("compressor: weight of the context distillation KL(pi_T(.|c) || pi_T(.|slots)) in the "
                              "composer's loss", 1.0)
-    cd_rows: int = _help("compressor: the rows per sampling group whose text teacher is scored for the context "
-                         "distillation (0 = all)", 2)
-    distill_from_kl_ratio: float = _help("compressor: the student distils toward the latent teacher (and the margin "
-                                         "acts) once KL(text || slots) / KL(text || no context) on the distillation "
-                                         "rows falls below this; before, it learns from the policy gradient alone (inf: from the first batch)", 0.5)
+    cd_rows: int = _help("compressor: once the latent teacher leads, the rows per sampling group whose text teacher "
+                         "is still scored for the context distillation (0 = all; warming up, all are)", 2)
+    latent_from_kl_ratio: float = _help("compressor: the student follows the latent teacher (and the margin acts) once "
+                                        "KL(text || slots) / KL(text || no context) falls below this; before, it follows "
+                                        "the text teacher, on whose scores the compressor trains (inf: the latent teacher "
+                                        "from the first batch)", 0.35)
     position: LatentPosition = _help("where the latent slots go in the teacher's prompt", LatentPosition.in_context)
     retrieve_k: int = _help("k: experiences retrieved per task", 4)
     retrieve: bool = _help("condition the composer on retrieved experiences (false: a learned task-independent context)", True)

@@ -25,8 +25,10 @@ Per batch:
 lambda is fixed, or follows dual ascent lambda <- max(0, lambda + dual_lr * mean(m - A * Delta)).
 
 The compressor warms up first: until its slots carry enough of the text's effect (KL(text || z) / KL(text ||
-none) below `distill_from_kl_ratio` on the distillation rows, over the whole minibatch) the student learns from
-the policy gradient alone and the margin waits. The resampler starts at gate 0 as exactly its text ablation
+none) below `latent_from_kl_ratio` over the whole minibatch) the student follows the text teacher, as
+`lopd_text` does, whose scores the compressor's context distillation reads on every row at no extra forward,
+and the margin waits; then the student follows the cheaper latent teacher, and the text teacher is scored on
+`cd_rows` rows per group only. The resampler starts at gate 0 as exactly its text ablation
 `lopd_text` (a test checks it to 1e-5). Trajectories whose retrieval found nothing get no context and, with
 `mask_without_context`, no distillation and no composer loss. `composer_warmup_steps` trains only the composer on
 the first batches, `composer_passes` adds composer-only passes over every batch. At evaluation the student runs
@@ -61,7 +63,7 @@ class RetrievalContext(Context):
     retrieved: list[list[int]] | None = None  # [B][<=k] bank ids, best first
     similarity: list[list[float]] | None = None
     cd_rows: torch.Tensor | None = None  # [B] bool: the compressor's context-distillation rows (text teacher scored)
-    distilling: bool = True  # the student distils toward the latent teacher (the compressor's warm-up: not yet)
+    latent: bool = True  # the student follows the latent teacher (the compressor's warm-up: the text teacher)
 
 
 def experiences_as_text(bank, ids: list[int]) -> str | None:
@@ -110,8 +112,8 @@ class LOPD(RetrievalMixin, SelfDistillation):
             emb = model.get_input_embeddings().weight.detach()
             hidden = model.config.hidden_size
         self.lam = c.margin_coef
-        # the compressor warms up first (distill_from_kl_ratio inf: from the first batch)
-        self.distilling = c.composer != ComposerKind.compressor or c.distill_from_kl_ratio == float("inf")
+        # the compressor warms up on the text teacher first (latent_from_kl_ratio inf: the latent one from the start)
+        self.latent = c.composer != ComposerKind.compressor or c.latent_from_kl_ratio == float("inf")
         if c.composer == ComposerKind.compressor:
             self.composer = self.build_compressor(emb, runtime.get("device", "cpu"))
             self.composer.requires_grad_(c.train_composer)
@@ -176,12 +178,14 @@ class LOPD(RetrievalMixin, SelfDistillation):
             ctx = self.new_context(batch, step, RetrievalContext, privileged=[PLACEHOLDER] * len(batch),
                                    has_context=torch.ones(len(batch), dtype=torch.bool))
         ctx.extra_passes = c.composer_passes
-        ctx.distilling = self.distilling
+        ctx.latent = self.latent
         rank = torch.zeros(len(batch), dtype=torch.long)  # each row's place in its sampling group
         for g in batch.group.unique():
             members = torch.nonzero(batch.group == g).flatten()
             rank[members] = torch.arange(len(members))
-        ctx.cd_rows = rank < c.cd_rows if c.cd_rows > 0 else torch.ones(len(batch), dtype=torch.bool)
+        # warming up, the text teacher is scored on every row anyway (the student's target): all rows distil
+        every = not self.latent or c.cd_rows <= 0
+        ctx.cd_rows = torch.ones(len(batch), dtype=torch.bool) if every else rank < c.cd_rows
         return ctx
 
     def remember(self, batch, step):
@@ -257,6 +261,8 @@ class LOPD(RetrievalMixin, SelfDistillation):
             teacher, length = self.teacher.score_latent(batch, ctx.privileged, slots,
                                                         checkpoint_layers=c.checkpoint_teacher and values.requires_grad)
         used = ctx.has_context.to(length.device).double()
+        if not over:  # K slots of their own stand for the whole context: the teacher reads K, the text had more
+            length = torch.full_like(length, values.shape[1])
         metrics = {"context/latent_norm": rows(values.detach().norm(dim=-1).mean(-1), values),
                    "context/context_tokens": measured(length.double(), used),
                    "context/context_truncated": measured((length >= c.latent_tokens).double(), used)}
@@ -286,30 +292,36 @@ class LOPD(RetrievalMixin, SelfDistillation):
     def loss(self, batch, ctx: RetrievalContext, student):
         with torch.no_grad():
             initial = self.initial_policy.score(batch)  # pi_0: the context-free frozen model
-        teacher, slot_terms = self.latent_teacher(batch, ctx)
-        terms = self.distill_terms(batch, ctx, student, teacher, self.base_stats(batch, initial))
-        composer = self.composer_terms(batch, ctx, student, teacher, initial)
+        latent, slot_terms = self.latent_teacher(batch, ctx)
+        text = None
+        if self.compresses and not ctx.latent:  # the warm-up: the student follows the text teacher
+            with torch.no_grad():
+                text = self.teacher.score(batch, ctx.privileged)
+        terms = self.distill_terms(batch, ctx, student, latent if text is None else text, self.base_stats(batch, initial))
+        composer = self.composer_terms(batch, ctx, student, latent, initial)
         if self.compresses:
-            terms.update(self.context_distillation(batch, ctx, teacher, initial))
-            if not ctx.distilling:  # the warm-up: the student waits for the latent teacher, so does the margin
-                for name in ("loss/distill", "loss/margin", "context/privilege"):
-                    source = terms if name in terms else composer
-                    source[name] = replace(source[name], coef=0.0, units=None)
+            terms.update(self.context_distillation(batch, ctx, latent, initial, text))
+            if not ctx.latent:  # the margin is about the latent teacher's privilege: it waits too
+                for name in ("loss/margin", "context/privilege"):
+                    composer[name] = replace(composer[name], coef=0.0, units=None)
         return {**terms, **composer, **slot_terms}
 
-    def context_distillation(self, batch, ctx: RetrievalContext, latent: TokenStats,
-                             initial: TokenStats) -> dict[str, Term]:
+    def context_distillation(self, batch, ctx: RetrievalContext, latent: TokenStats, initial: TokenStats,
+                             text: TokenStats | None = None) -> dict[str, Term]:
         """The compressor's loss: KL(pi_T(.|c) || pi_T(.|slots)) over the tokens of the distillation rows (the
-        text teacher scored on those rows only, no gradient), and the same KL to the context-free model,
-        their ratio being how much of the text's effect the slots carry (read by `after_update`)."""
+        text teacher `text` if already scored on the whole micro-batch, else scored on those rows only, no
+        gradient), and the same KL to the context-free model, their ratio being how much of the text's effect
+        the slots carry (read by `after_update`)."""
         rows = torch.nonzero((ctx.cd_rows & ctx.has_context).to(latent.mask.device)).flatten()
         if not len(rows):
             empty = latent.mask[:0]
             return {"loss/cd": Term(empty, empty, coef=self.cfg.algorithm.lopd.cd_weight, units="cd"),
                     "context/cd_kl_none": measured(empty, empty)}
-        sub = batch.select(rows.cpu())
-        with torch.no_grad():
-            text = self.teacher.score(sub, [ctx.privileged[i] for i in rows.tolist()])  # pi_T(.|c)
+        if text is not None:
+            text = text.select(rows)
+        else:
+            with torch.no_grad():
+                text = self.teacher.score(batch.select(rows.cpu()), [ctx.privileged[i] for i in rows.tolist()])
         mask = latent.mask[rows]
         forward_kl = DistillEstimator.jsd  # alpha 0: KL(text || the other), gradient into the other's hidden states
         cd = losses.token_divergence(latent.select(rows), text, forward_kl, alpha=0.0)  # [n, T]
@@ -343,27 +355,27 @@ class LOPD(RetrievalMixin, SelfDistillation):
         """Dual ascent on lambda, on the constraint's mean over the whole minibatch (every micro-batch, every
         rank); the compressor's warm-up ends when its slots carry enough of the text's effect."""
         c = self.cfg.algorithm.lopd
-        if c.dual_lr > 0 and "context/constraint" in values and self.distilling:
+        if c.dual_lr > 0 and "context/constraint" in values and self.latent:
             self.lam = max(0.0, self.lam + c.dual_lr * values["context/constraint"])
         out = {"context/lambda": self.lam}
         if self.compresses:
             if values.get("context/cd_kl_none", 0.0) > 0:
                 ratio = values["loss/cd"] / values["context/cd_kl_none"]
                 out["context/cd_kl_ratio"] = ratio
-                self.distilling = self.distilling or ratio < c.distill_from_kl_ratio
-            out["context/distilling"] = float(self.distilling)
+                self.latent = self.latent or ratio < c.latent_from_kl_ratio
+            out["context/latent_teacher"] = float(self.latent)
         return out
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "composer": self.composer.state_dict(), "lambda": self.lam,
-                "distilling": self.distilling}
+                "latent": self.latent}
 
     def load_state_dict(self, state: dict, step: int) -> None:
         super().load_state_dict(state, step)
         if state:
             self.composer.load_state_dict(state["composer"])
             self.lam = state["lambda"]
-            self.distilling = state.get("distilling", True)
+            self.latent = state.get("latent", True)
 
 
 class LOPDText(RetrievalMixin, SelfDistillation):
