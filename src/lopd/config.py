@@ -340,7 +340,8 @@ class TrainConfig:
     skip_zero_loss_rows: bool = _help("do not forward the rows whose every loss term is exactly 0 (a group without "
                                       "reward variance and, for the distillation methods, no context): the same "
                                       "update up to float rounding, for a fraction of the compute when rewards are "
-                                      "sparse; the update's metrics then describe the rows forwarded. Off by default "
+                                      "sparse; the update's metrics then describe the rows forwarded; the teacher is "
+                                      "then also scored only on the rows with a context. Off by default "
                                       "so the figures in benchmarks/RESULTS.md reproduce to the digit", False)
     activation_checkpointing: bool = _help("recompute the policy's decoder layers in the backward pass (less memory, "
                                            "one more forward)", False)

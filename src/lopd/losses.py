@@ -226,12 +226,10 @@ def token_divergence(student: TokenStats, teacher: TokenStats, estimator: Distil
     if estimator not in tuple(DistillEstimator):
         raise ValueError(f"distillation estimator '{estimator}' is not one of {', '.join(DistillEstimator)}")
     parts = []
-    T = student.hidden.shape[1]
     fn = functools.partial(divergence_chunk, student.head, teacher.head, student.temperature, teacher.temperature,
                            estimator, topk, alpha, student.head_dtype)
     s_hidden, t_hidden = trained_positions(student.hidden, student.mask), trained_positions(teacher.hidden, student.mask)
-    for start in range(0, T, student.chunk):
-        sl = slice(start, min(T, start + student.chunk))
+    for sl in student.chunks():
         parts.append(per_token(fn, (student.head, teacher.head), s_hidden[:, sl], t_hidden[:, sl]))
     return masked(torch.cat(parts, dim=1), student.mask)
 
@@ -288,13 +286,11 @@ def residual_divergence(student: TokenStats, teacher: TokenStats, base: TokenSta
     """KL(student || q*) per position, q* the student shifted by the context's clipped log-ratio
     (`residual_log_target`); the teachers get no gradient. Exact over the vocabulary, in chunks.   -> [B, T]"""
     parts = []
-    T = student.hidden.shape[1]
     teacher, base = teacher.detached(), base.detached()
     fn = functools.partial(_residual_chunk, student.head, teacher.head, base.head, student.temperature,
                            teacher.temperature, beta, clip, topk, student.head_dtype)
     hiddens = [trained_positions(x.hidden, student.mask) for x in (student, teacher, base)]
-    for start in range(0, T, student.chunk):
-        sl = slice(start, min(T, start + student.chunk))
+    for sl in student.chunks():
         parts.append(per_token(fn, (student.head, teacher.head, base.head), *(h[:, sl] for h in hiddens)))
     return masked(torch.cat(parts, dim=1), student.mask)
 

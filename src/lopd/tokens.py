@@ -26,7 +26,10 @@ from torch.utils.checkpoint import checkpoint
 from lopd.models import base_model
 
 
-DEFAULT_CHUNK = 128  # completion positions per output-head chunk
+DEFAULT_CHUNK = 128  # completion positions per output-head chunk, at most
+CHUNK_ELEMENTS = 1 << 25  # and at most this many logits per [B, chunk, V] block (128 MiB in float32): at a large
+# vocabulary and many rows the chunk shrinks (SmolLM2's 49,152 tokens x 16 rows: 42 positions), so the divergences'
+# transient blocks stay bounded whatever the micro-batch; positions are independent, so the values are the same
 
 
 def masked(x: Tensor, mask: Tensor) -> Tensor:
@@ -144,6 +147,13 @@ class TokenStats:
         return replace(self, hidden=self.hidden.detach(), head=self.weights_detached().head,
                        _logprobs=None if self._logprobs is None else self._logprobs.detach())
 
+    def placed(self, rows: Tensor, into: "TokenStats") -> "TokenStats":
+        """These stats (of some rows) in a view the size of `into` (its targets and mask; hidden states 0 in
+        the other rows): a teacher scored only where it is needed, read alongside the whole micro-batch."""
+        hidden = torch.zeros(into.hidden.shape, dtype=self.hidden.dtype, device=self.hidden.device)
+        hidden[rows.to(hidden.device)] = self.hidden
+        return replace(self, hidden=hidden, targets=into.targets, mask=into.mask, _logprobs=None)
+
     def select(self, rows: Tensor) -> "TokenStats":
         """The same view of some rows only (gradients flow back to the selected rows' hidden states)."""
         return replace(self, hidden=self.hidden[rows], targets=self.targets[rows], mask=self.mask[rows],
@@ -160,15 +170,23 @@ class TokenStats:
             and self.hidden.requires_grad
         if self._logprobs is None or stale:
             parts = []
-            T = self.hidden.shape[1]
             hidden = trained_positions(self.hidden, self.mask)
-            for start in range(0, T, self.chunk):
-                sl = slice(start, min(T, start + self.chunk))
+            for sl in self.chunks():
                 targets = self.targets[:, sl]
                 fn = functools.partial(self._chunk_logprobs, targets=targets)  # bound now, not at recompute
                 parts.append(per_token(fn, (self.head,), hidden[:, sl]))
             self._logprobs = masked(torch.cat(parts, dim=1), self.mask)
         return self._logprobs
+
+    def chunks(self) -> list[slice]:
+        """The position slices the output head is evaluated over: `chunk` positions, fewer where B x chunk x V
+        would pass CHUNK_ELEMENTS."""
+        B, T = self.hidden.shape[:2]
+        inner = self.head.inner if isinstance(self.head, WeightsDetached) else self.head
+        weight = getattr(inner, "weight", None)
+        V = weight.shape[0] if weight is not None else 1
+        step = max(1, min(self.chunk, CHUNK_ELEMENTS // max(B * V, 1)))
+        return [slice(start, min(T, start + step)) for start in range(0, T, step)]
 
     def _chunk_logprobs(self, hidden: Tensor, targets: Tensor) -> Tensor:
         logits = head_logits(self.head, hidden, self.head_dtype) / self.temperature  # [B, c, V]

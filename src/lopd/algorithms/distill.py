@@ -16,6 +16,8 @@ context are left out of the distillation term (`mask_without_context`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from lopd import losses
@@ -64,10 +66,20 @@ class SelfDistillation(Algorithm):
         live = self.distilled(batch.completion_mask, ctx.has_context).sum(-1) > 0  # [B]
         return live | policy_live(self.cfg, ctx.advantages) if self.cfg.algorithm.distill.pg_weight > 0 else live
 
-    def teacher_stats(self, batch, ctx: Context) -> TokenStats:
-        """The teacher's view of the batch under its context (no gradient for text contexts)."""
+    def teacher_stats(self, batch, ctx: Context, student: TokenStats | None = None) -> TokenStats:
+        """The teacher's view of the batch under its context (no gradient for text contexts). With
+        `train.skip_zero_loss_rows` it is scored only on the rows with a context, when the others are left out
+        of the distillation (their teacher reaches nothing; the same update up to float rounding; `student`
+        gives the full micro-batch's shape)."""
+        rows = torch.nonzero(ctx.has_context).flatten()
+        skip = self.cfg.train.skip_zero_loss_rows and self.cfg.algorithm.distill.mask_without_context
         with torch.no_grad():
-            return self.teacher.score(batch, ctx.privileged)
+            if student is None or len(rows) == len(batch) or not skip:
+                return self.teacher.score(batch, ctx.privileged)
+            if not len(rows):  # no row to distil: nothing the teacher says reaches the loss
+                return replace(student.detached(), hidden=torch.zeros_like(student.hidden), _logprobs=None)
+            part = self.teacher.score(batch.select(rows), [ctx.privileged[i] for i in rows.tolist()])
+            return part.placed(rows, student)
 
     def needs_base(self) -> bool:
         """The gated and residual targets read the teacher without its context too."""
@@ -84,7 +96,7 @@ class SelfDistillation(Algorithm):
             return self.teacher.score(batch)
 
     def loss(self, batch, ctx: Context, student):
-        return self.distill_terms(batch, ctx, student, self.teacher_stats(batch, ctx), self.base_stats(batch))
+        return self.distill_terms(batch, ctx, student, self.teacher_stats(batch, ctx, student), self.base_stats(batch))
 
     def trains_student(self, ctx: Context) -> bool:
         """Whether this pass moves the student (LOPD's composer-only passes do not)."""
@@ -123,11 +135,12 @@ class SelfDistillation(Algorithm):
             teacher_lp = teacher.logprobs()  # [B, T]
             gain = losses.floor_impossible(teacher_lp, student.logprobs()) - student.logprobs()
         success = batch.success.to(mask.device, mask.dtype)[:, None]
+        read = student.mask * has_context[:, None]  # the tokens of rows whose teacher read a context
         terms = {"loss/distill": Term(*losses.per_unit(per_token, mask, self.cfg.algorithm.aggregation),
                                       coef=d.coef, units="distill"),
                  "context/coverage": rows(has_context, has_context),
-                 "context/teacher_gain_success": measured(gain, student.mask * success),
-                 "context/teacher_gain_failure": measured(gain, student.mask * (1 - success)),
+                 "context/teacher_gain_success": measured(gain, read * success),
+                 "context/teacher_gain_failure": measured(gain, read * (1 - success)),
                  "health/teacher_impossible": measured(losses.impossible(teacher_lp, mask), mask), **extra}
         if d.pg_weight > 0 and trained:
             terms.update(policy_terms(self.cfg, batch, ctx.advantages, student, self.initial_policy, weight=d.pg_weight))
