@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 
 from lopd.envs.base import Env
-from lopd.rollout import sample_and_score
+from lopd.rollout import env_call, sample_and_score
 
 
 @dataclass
@@ -70,7 +70,8 @@ def evaluate_split(model, tokenizer, env: Env, split: str, *, max_tasks: int = 0
     modes: dict[str, float] = {}
     per_mode: dict[str, dict[str, float]] = {}
     if hasattr(env, "score_modes") and not hasattr(env, "step"):  # official and strict verdicts, side by side
-        verdicts = [env.score_modes(t, text) for t, text in zip(tasks, out.completions)]
+        verdicts = [env_call(env, "score_modes", [t], lambda: env.score_modes(t, text))
+                    for t, text in zip(tasks, out.completions)]
         for mode in verdicts[0] if verdicts else []:
             modes[mode] = sum(v[mode].success for v in verdicts) / max(n, 1)
             by_cat: dict[str, list[bool]] = defaultdict(list)
@@ -82,8 +83,16 @@ def evaluate_split(model, tokenizer, env: Env, split: str, *, max_tasks: int = 0
         split=split, n=n, success=sum(success) / max(n, 1), reward=sum(out.rewards.tolist()) / max(n, 1),
         per_category={c: (len(v), sum(v) / len(v)) for c, v in sorted(groups.items())},
         modes=modes, per_category_modes=per_mode,
-        samples=[{"id": t.id, "completion": text, "success": ok, "feedback": fb, "reference": env.reference(t)}
+        samples=[{"id": t.id, "completion": text, "success": ok, "feedback": fb, "reference": reference_of(env, t)}
                  for t, text, ok, fb in kept])
+
+
+def reference_of(env: Env, task) -> str | None:
+    """The task's reference answer, shown next to each evaluated sample; None for an env without
+    `reference` (it is optional: only OPSD needs it, and refuses to start without it)."""
+    if not callable(getattr(env, "reference", None)):
+        return None
+    return env_call(env, "reference", [task], lambda: env.reference(task))
 
 
 def evaluate(source, *, env: Env | None = None, splits: Sequence[str] | None = None,
