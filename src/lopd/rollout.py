@@ -294,10 +294,12 @@ def sample_episodes(model, tokenizer, env: Env, tasks: Sequence[Task], *, max_tu
 
 
 def _which(tasks: Sequence[Task]) -> str:
+    """The tasks an env method was called on, for its error message: "task 'a'", "4 completions of tasks 'a', 'b'"."""
     if len(tasks) == 1:
         return f"task '{tasks[0].id}'"
-    shown = ", ".join(f"'{t.id}'" for t in tasks[:3])
-    return f"{len(tasks)} completions of tasks {shown}{', ...' if len(tasks) > 3 else ''}"
+    ids = list(dict.fromkeys(t.id for t in tasks))
+    shown = ", ".join(f"'{i}'" for i in ids[:3])
+    return f"{len(tasks)} completions of tasks {shown}{', ...' if len(ids) > 3 else ''}"
 
 
 def env_call(env: Env, method: str, tasks: Sequence[Task], call: Callable[[], Any]) -> Any:
