@@ -218,8 +218,9 @@ class Loop:
             last = self.run.latest_checkpoint()
             raise LopdError(f"step {self.state.step}: {self.state.bad_streak} steps in a row had a non-finite loss or "
                             f"gradient and were skipped; stopping. The last good checkpoint is "
-                            f"{last.name if last else 'none'}: change the config (e.g. a lower optim.lr) "
-                            f"and resume with `lopd train {self.run.path}`")
+                            f"{last.name if last else 'none'}. A resume keeps the run's config and would meet the "
+                            f"same steps: fix what overflows (the env, a loss term) and resume with "
+                            f"`lopd train {self.run.path}`, or start a new run (e.g. with a lower optim.lr)")
 
     def end(self, how: str, detail: str = "") -> None:
         if self.main:
