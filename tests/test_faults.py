@@ -250,7 +250,7 @@ def _files(run_dir: Path) -> dict[str, tuple[int, int]]:
             if p.is_file()}
 
 
-@pytest.mark.parametrize("override, key", [
+REFUSED = [
     ("model.name=smollm2-135m", "model.name is tiny in this run, smollm2-135m here"),
     ("algorithm.name=lopd", "algorithm.name is grpo in this run, lopd here"),
     ("model.lora.enabled=true", "model.lora.enabled is false in this run, true here"),
@@ -258,7 +258,10 @@ def _files(run_dir: Path) -> dict[str, tuple[int, int]]:
     ("rollout.group_size=2", "rollout.group_size is 4 in this run, 2 here"),
     ("env.toolworld.n_train=41", "this run trains on env 'toolworld', and this process has env 'toolworld' (and "
                                  "env.toolworld.n_train differ)"),
-], ids=lambda v: v.partition("=")[0] if "=" in v else "")
+]
+
+
+@pytest.mark.parametrize("override, key", REFUSED, ids=[o.partition("=")[0] for o, _ in REFUSED])
 def test_a_resume_that_would_change_the_checkpoint_is_refused_before_anything_is_written(reference_runs, tmp_path,
                                                                                           override, key):
     """Refused in one line naming the key and the keys that may change; the run directory is untouched (its
