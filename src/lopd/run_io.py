@@ -165,6 +165,8 @@ class Progress:
     def note(self, text: str) -> None:
         """A warning shown at the end of the line (e.g. no reward variance), or "" for none."""
         self.fields["note"] = f"  [yellow]{text}[/yellow]" if text else ""
+        if self.bar is not None:
+            self.bar.update(self.task, **self.fields)
 
     def update(self, state: RunState, row: dict) -> None:
         self._absorb(row)
