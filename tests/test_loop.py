@@ -179,8 +179,7 @@ def test_steps_without_reward_variance_are_said_out_loud(tmp_path):
     assert warnings == ["lopd: warning: steps 1-2: no group had any reward variance (reward/mixed_groups = 0), so "
                         "every advantage is 0 and the policy gradient had no signal; likely causes: the policy scores "
                         "the same on every rollout (a model that does not know the task's format: docs/own_env.md "
-                        "says which bundled model learns a new task), a reward that is constant, or "
-                        "rollout.group_size=1"], out.stderr[-2000:]
+                        "says what the bundled models know), a reward that is constant, or rollout.group_size=1"], out.stderr[-2000:]
     assert "no reward variance for 3 steps" in out.stdout  # the progress line's last state
     report = (run_dir / "report.md").read_text()
     assert "Learning signal: 0% of groups had reward variance (mean over steps). **Warning**: steps 1-3: no group " \

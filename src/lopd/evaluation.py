@@ -22,9 +22,13 @@ from lopd.rollout import env_call, sample_and_score
 
 @dataclass
 class EvalResult:
+    """One split's held-out result. `success` and `reward` are fractions in [0, 1] (means over the `n` tasks:
+    0.25 is 25%, which `lopd eval` and report.md print as percent); so are the per-category and per-mode
+    successes."""
+
     split: str
     n: int
-    success: float
+    success: float  # a fraction: 0.25 = 25% (`lopd eval` prints percent)
     reward: float
     per_category: dict[str, tuple[int, float]] = field(default_factory=dict)  # category -> (n, success)
     samples: list[dict] = field(default_factory=list)  # evaluated tasks with their completion and verdict

@@ -134,8 +134,8 @@ def curves_figure(metrics: list[dict], title: str = ""):
 
 
 FLAT_CAUSES = ("likely causes: the policy scores the same on every rollout (a model that does not know the task's "
-               "format: docs/own_env.md says which bundled model learns a new task), a reward that is constant, "
-               "or rollout.group_size=1")
+               "format: docs/own_env.md says what the bundled models know), a reward that is constant, or "
+               "rollout.group_size=1")
 
 
 def trailing_flat(rows: list[dict]) -> list[int]:
