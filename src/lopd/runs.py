@@ -589,7 +589,7 @@ def refuse_another_run(run: "RunDir", cfg) -> None:
         def env_of(c) -> str:
             options = to_dict(c)["env"]["options"]
             return repr(c.env.name) + (f" with options {options}" if options else "")
-        others = [k for k, _, _ in changes if _matches(k, ENV_KEYS) and k not in ("env.name", "env.options")]
+        others = [k for k, _, _ in changes if _matches(k, ENV_KEYS) and not _matches(k, ("env.name", "env.options"))]
         detail = f" (and {', '.join(others)} differ)" if others else ""
         raise ConfigError(f"{run.path}: this run trains on env {env_of(saved)}, and this process has env "
                           f"{env_of(cfg)}{detail}: a run never continues on another task; start another run "

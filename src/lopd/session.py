@@ -92,13 +92,7 @@ def build(cfg: Config, env: Env | None = None) -> Session:
                           f"ranks (whole sampling groups stay on one rank)")
     device = dist.device_for(world, cfg.train.device)
     seed_everything(cfg.train.seed)
-    cfg.env.name = resolved_env_name(cfg.env.name)
-    if env is not None:
-        env = given_env(cfg, env)
-    run = RunDir(run_dir_for(cfg), writer=world.main)
-    if run.exists():  # a resume or an extension: refused now, before anything is written, if it is another run
-        refuse_another_run(run, cfg)
-    env = env if env is not None else build_env(cfg.env)
+    env, run = bound_run(cfg, env, world)
     check_contract(cfg, env)
     train_tasks = env_tasks(env, cfg.env.train_split, "env.train_split")
     for split in cfg.env.eval_splits:  # fail now, not after an hour, on a bad split name or data file
@@ -134,6 +128,20 @@ def build(cfg: Config, env: Env | None = None) -> Session:
     engine = rollout_engine(cfg, model, tokenizer, env, encode_prompt(tokenizer, train_tasks[0].messages))
     return Session(cfg, run, device, env, train_tasks, model, tokenizer, algorithm, optimizer, scheduler, total_steps,
                    world, engine)
+
+
+def bound_run(cfg: Config, env: Env | None, world: World) -> tuple[Env, RunDir]:
+    """The env and the run directory, bound to each other: what built the env goes into `cfg.env.name` (a
+    file as its absolute path, a given object's class: `given_env`), and an existing run directory (a resume
+    or an extension) refuses another env, or any key that may not change on resume, before anything is
+    written (`runs.refuse_another_run`)."""
+    cfg.env.name = resolved_env_name(cfg.env.name)
+    if env is not None:
+        env = given_env(cfg, env)
+    run = RunDir(run_dir_for(cfg), writer=world.main)
+    if run.exists():
+        refuse_another_run(run, cfg)
+    return (env if env is not None else build_env(cfg.env)), run
 
 
 def check_contract(cfg: Config, env: Env) -> None:
