@@ -358,3 +358,22 @@ def test_a_teacher_with_minus_inf_logits_where_the_student_has_mass_is_floored_a
         p_before = torch.softmax(s_head(hidden.detach()), -1)[..., [0, 3]].sum()
         p_after = torch.softmax(s_head(hidden.detach() - 1e-3 * grad), -1)[..., [0, 3]].sum()
         assert p_after < p_before
+
+
+def test_what_may_change_on_resume(tmp_path, monkeypatch):
+    """The budget, evaluation, logging, device and memory keys may change; a file-path env named relatively
+    or absolutely is the same env; anything else is a change, an env option that one side lacks included."""
+    from lopd.config import load_config
+    from lopd.runs import _UNSET, config_changes
+
+    monkeypatch.chdir(tmp_path)
+    saved = load_config("grpo", ["env.name=my_env.py:MyEnv", "env.options.n=3"])
+    same = load_config("grpo", [f"env.name={tmp_path / 'my_env.py'}:MyEnv", "env.options.n=3",
+                                "train.max_rollouts=99", "eval.max_tasks=1", "eval.every_rollouts=8",
+                                "env.eval_splits=val", "run.dir=elsewhere", "run.progress=false", "train.threads=1",
+                                "train.device=cpu", "train.micro_batch_size=2", "train.memory_budget_gib=1.5"])
+    assert config_changes(saved, same) == []
+    other = load_config("grpo", ["env.name=my_env.py:MyEnv", "env.options.seed=1", "optim.lr=0.5",
+                                 "rollout.temperature=0.7"])
+    assert config_changes(saved, other) == [("env.options.n", 3, _UNSET), ("env.options.seed", _UNSET, 1),
+                                            ("optim.lr", 3e-4, 0.5), ("rollout.temperature", 1.0, 0.7)]
