@@ -1,7 +1,7 @@
 """A complete lopd environment in about 30 lines: convert quantities with three tools whose units are enums.
 
-    lopd train --config grpo env.name=examples/unit_converter.py:UnitConverter env.eval_splits=[test]
-    lopd train --config lopd env.name=examples/unit_converter.py:UnitConverter env.options.n=400
+    lopd train --config grpo env.name=examples/unit_converter.py:UnitConverter env.eval_splits=test
+    lopd train --config lopd env.name=examples/unit_converter.py:UnitConverter env.options.n=400 env.eval_splits=test
 
 See docs/own_env.md for the protocol (tasks, score, reference) and the call-syntax helpers used here.
 """

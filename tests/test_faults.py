@@ -2,12 +2,16 @@
 then resumed with a plain `lopd train RUN_DIR`, equals an uninterrupted run bit for bit: weights, optimizer,
 experience bank, metrics rows (without time/*), evaluated samples. Plus: a damaged newest checkpoint is skipped
 for the previous one, damaged metrics lines are replaced, a second trainer on a run is refused, a stale lock
-does not block, a full or read-only disk says so in one line, and non-finite losses stop the run cleanly.
+does not block, a full or read-only disk (at the start or mid-run) says so in one line, a resume that would
+change what the checkpoint holds is refused before anything is written, a NaN reward stops at the env's
+boundary, non-finite losses stop the run cleanly, and a teacher that calls a token impossible is one defined
+(floored, counted) case.
 
 The fast cases run in `make test`; every (algorithm, failpoint) pair and kills at random moments are `slow`.
 """
 
 import json
+import math
 import os
 import random
 import shutil
@@ -21,7 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import REFERENCE_EXTRA, assert_same, cli, reference_args, small_overrides, snapshot
+from conftest import REFERENCE_EXTRA, assert_same, cli, copy_run, reference_args, small_overrides, snapshot
 from lopd.runs import RunDir
 
 LOPD = [sys.executable, "-m", "lopd.cli"]
@@ -185,18 +189,51 @@ class NaNReward(ToolWorld):
 """
 
 
-def test_non_finite_losses_skip_steps_and_stop_the_run_with_a_clear_message(tmp_path):
-    """A reward function that returns NaN makes every loss non-finite: each step is skipped (the weights never
-    see it), counted under health/*, and after train.max_bad_steps in a row the run stops, naming the step
-    and the checkpoint to resume from."""
+def test_a_nan_reward_stops_the_run_at_the_envs_boundary_in_one_line(tmp_path):
+    """Caught where the score enters the batch (here: the first evaluation), naming the task, not steps later as
+    a "non-finite loss" that blames the optimizer."""
     (tmp_path / "nan_env.py").write_text(NAN_ENV)
     run_dir = tmp_path / "run"
-    items = [i for i in small_overrides(run_dir, **{"train.max_bad_steps": 3, "train.max_rollouts": 48})
-             if not i.startswith("env.")]
+    items = [i for i in small_overrides(run_dir, **{"train.max_rollouts": 8}) if not i.startswith("env.")]
     out = _lopd(["train", "--config", "grpo", f"env.name={tmp_path / 'nan_env.py'}:NaNReward", *items])
-    assert out.returncode == 2, out.stderr[-2000:]
-    error = out.stderr.strip().splitlines()[-1]
-    assert error.startswith("lopd: error: step 3: 3 steps in a row had a non-finite loss or gradient"), error
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+    assert lines[0].startswith("lopd: error: NaNReward.score(task 'test-0') returned the non-finite reward nan")
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "crashed" and "non-finite reward" in status["detail"]
+
+
+class PoisonedRewards:
+    """An engine whose batches' rewards turn NaN after the env's boundary: what the update's guard is for."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def rollouts(self, model, tasks, timer, **kw):
+        batch, metrics = self.engine.rollouts(model, tasks, timer, **kw)
+        batch.rewards = torch.full_like(batch.rewards, float("nan"))
+        return batch, metrics
+
+    def close(self):
+        self.engine.close()
+
+
+def test_non_finite_losses_skip_steps_and_stop_the_run_with_a_clear_message(tmp_path):
+    """Every loss non-finite: each step is skipped (the weights never see it), counted under health/*, and
+    after train.max_bad_steps in a row the run stops, naming the step and the checkpoint to resume from."""
+    from conftest import session_for
+    from lopd.errors import LopdError
+    from lopd.loop import fit, restore
+
+    run_dir = tmp_path / "run"
+    session = session_for(small_overrides(run_dir, **{"train.max_bad_steps": 3, "train.max_rollouts": 48,
+                                                      "eval.every_rollouts": 0, "rollout.max_new_tokens": 16}),
+                          run_dir=run_dir)
+    session.engine = PoisonedRewards(session.engine)
+    with pytest.raises(LopdError) as stopped:
+        fit(session, restore(session), quiet=True)
+    error = str(stopped.value)
+    assert error.startswith("step 3: 3 steps in a row had a non-finite loss or gradient"), error
     assert "The last good checkpoint is step_000002" in error
     rows = [r for r in RunDir(run_dir).read_metrics() if r["kind"].startswith("train")]
     assert [r["health/skipped_steps"] for r in rows] == [1, 1, 1]
@@ -205,3 +242,138 @@ def test_non_finite_losses_skip_steps_and_stop_the_run_with_a_clear_message(tmp_
     assert all(torch.isfinite(w).all() for w in weights.values())
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "crashed" and "non-finite" in status["detail"]
+
+
+def _files(run_dir: Path) -> dict[str, tuple[int, int]]:
+    """Every file of a run directory with its size and modification time: what a refused command must not touch."""
+    return {str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(run_dir.rglob("*"))
+            if p.is_file()}
+
+
+REFUSED = [
+    ("model.name=smollm2-135m", "model.name is tiny in this run, smollm2-135m here"),
+    ("algorithm.name=lopd", "algorithm.name is grpo in this run, lopd here"),
+    ("model.lora.enabled=true", "model.lora.enabled is false in this run, true here"),
+    ("algorithm.lopd.layers=3", "algorithm.lopd.layers is 2 in this run, 3 here"),
+    ("rollout.group_size=2", "rollout.group_size is 4 in this run, 2 here"),
+    ("env.toolworld.n_train=41", "this run trains on env 'toolworld', and this process has env 'toolworld' (and "
+                                 "env.toolworld.n_train differ)"),
+]
+
+
+@pytest.mark.parametrize("override, key", REFUSED, ids=[o.partition("=")[0] for o, _ in REFUSED])
+def test_a_resume_that_would_change_the_checkpoint_is_refused_before_anything_is_written(reference_runs, tmp_path,
+                                                                                          override, key):
+    """Refused in one line naming the key and the keys that may change; the run directory is untouched (its
+    config.yaml included), and the run then resumes unchanged (the reference run's step 4 is redone from step
+    2's checkpoint, bit for bit)."""
+    run_dir = copy_run(reference_runs["grpo"], tmp_path / "run")
+    shutil.rmtree(RunDir(run_dir).latest_checkpoint())  # as if killed before step 4's checkpoint was renamed
+    (run_dir / "finished").unlink()
+    before = _files(run_dir)
+    refused = _lopd(["train", run_dir, override])
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr[-2000:]
+    assert f"lopd: error: {run_dir}: {key}" in lines[0], lines[0]
+    if not override.startswith("env."):
+        assert "keys that may change on resume: train.max_rollouts, " in lines[0] and "eval.*" in lines[0]
+    assert _files(run_dir) == before
+    if override == "model.name=smollm2-135m":  # the run itself is intact: it resumes as if nothing happened
+        resumed = _lopd(["train", run_dir])
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        assert_same(snapshot(run_dir), snapshot(reference_runs["grpo"]))
+
+
+@pytest.mark.skipif(not _unshare_available(), reason="needs unprivileged user and mount namespaces (unshare)")
+@pytest.mark.parametrize("read_only", ["run", "samples"])
+def test_a_run_directory_that_turns_read_only_mid_run_is_one_line(tmp_path, read_only):
+    """At step 1's failpoint the run directory (or its samples/) is bind-mounted read-only onto itself, in a
+    mount namespace of the run's own. The next write (step 1's row, or its evaluated samples) fails: one line, no
+    traceback; status.json says "crashed" where it can still be written, and where it cannot, the lock file
+    (open for writing since the start) holds the record, which the next start reads."""
+    run_dir = tmp_path / "run"
+    target = run_dir if read_only == "run" else run_dir / "samples"
+    budget = 16 if read_only == "run" else 8  # "run": no evaluation at step 1, so the row is the first write
+    args = ["train", "--config", "grpo", *small_overrides(run_dir, **{
+        "train.max_rollouts": budget, "eval.every_rollouts": 0, "rollout.max_new_tokens": 16, "eval.max_tasks": 2})]
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "LOPD_FAILPOINT": "remember:1",
+           "LOPD_FAILPOINT_RUN": f"mount --bind {target} {target} && mount -o remount,bind,ro {target}"}
+    out = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", *LOPD, *args], capture_output=True,
+                         text=True, timeout=600, env=env)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    written = "metrics.jsonl" if read_only == "run" else "samples/test_step000001.jsonl"
+    assert lines[0] == f"lopd: error: {run_dir / written}: cannot write (read-only file system)"
+    status = json.loads((run_dir / "status.json").read_text())
+    if read_only == "samples":
+        assert status["state"] == "crashed" and "read-only file system" in status["detail"]
+    else:  # status.json could not be written; the lock file says how the process ended
+        assert status["state"] == "running"
+        recorded = RunDir(run_dir).read_status()
+        assert recorded["state"] == "crashed" and "read-only file system" in recorded["detail"]
+
+
+def _heads(V: int = 6, H: int = 3, seed: int = 0):
+    """A student head and a teacher head with the same weights, the teacher's with a -inf bias on tokens 0 and 3:
+    the teacher calls them impossible where the student gives them mass."""
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(V, H, generator=g, dtype=torch.float64)
+    student, teacher = torch.nn.Linear(H, V).double(), torch.nn.Linear(H, V).double()
+    with torch.no_grad():
+        for head in (student, teacher):
+            head.weight.copy_(weight)
+            head.bias.zero_()
+        teacher.bias[[0, 3]] = -math.inf
+    return student, teacher
+
+
+@pytest.mark.parametrize("estimator", ["full", "topk", "sampled", "jsd"])
+def test_a_teacher_with_minus_inf_logits_where_the_student_has_mass_is_floored_and_counted(estimator):
+    """The true KL is +inf there (and the naive gradient NaN): the loss is finite, its gradient finite and
+    moving the student's mass off the impossible tokens, and every trained token the teacher calls impossible
+    is counted (what `health/teacher_impossible` reports)."""
+    from lopd.losses import LOG_FLOOR, impossible, token_divergence
+    from lopd.tokens import TokenStats
+
+    s_head, t_head = _heads()
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(2, 4, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.tensor([[0, 1, 3, 2], [1, 0, 4, 5]])  # tokens 0 and 3 sampled by the student: 3 times
+    mask = torch.tensor([[1.0, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.float64)
+    student = TokenStats(hidden, s_head, targets, mask, 1.0, chunk=2)
+    teacher = TokenStats(hidden.detach(), t_head, targets, mask, 1.0, chunk=2).detached()
+    per_token = token_divergence(student, teacher, estimator, topk=3, alpha=0.5)
+    loss = (per_token * mask).sum()
+    (grad,) = torch.autograd.grad(loss, hidden)
+    assert torch.isfinite(per_token).all() and torch.isfinite(grad).all()
+    assert loss.item() > 0
+    counted = impossible(teacher.logprobs(), mask)
+    assert counted.sum().item() == 3 and counted[0, 0] == 1 and counted[0, 2] == 1 and counted[1, 1] == 1
+    if estimator == "full":  # exactly KL(student || teacher) with the teacher's zeros floored at exp(LOG_FLOOR)
+        log_p = torch.log_softmax(s_head(hidden.detach()), -1)
+        log_q = torch.log_softmax(t_head(hidden.detach()), -1).clamp(min=LOG_FLOOR)
+        torch.testing.assert_close(per_token.detach() * mask, (log_p.exp() * (log_p - log_q)).sum(-1) * mask)
+    if estimator != "topk":  # (topk's tail bucket lumps the impossible tokens with possible ones)
+        # a small step along the gradient moves the student's mass off the tokens the teacher calls impossible
+        p_before = torch.softmax(s_head(hidden.detach()), -1)[..., [0, 3]].sum()
+        p_after = torch.softmax(s_head(hidden.detach() - 1e-3 * grad), -1)[..., [0, 3]].sum()
+        assert p_after < p_before
+
+
+def test_what_may_change_on_resume(tmp_path, monkeypatch):
+    """The budget, evaluation, logging, device and memory keys may change; a file-path env named relatively
+    or absolutely is the same env; anything else is a change, an env option that one side lacks included."""
+    from lopd.config import load_config
+    from lopd.runs import _UNSET, config_changes
+
+    monkeypatch.chdir(tmp_path)
+    saved = load_config("grpo", ["env.name=my_env.py:MyEnv", "env.options.n=3"])
+    same = load_config("grpo", [f"env.name={tmp_path / 'my_env.py'}:MyEnv", "env.options.n=3",
+                                "train.max_rollouts=99", "eval.max_tasks=1", "eval.every_rollouts=8",
+                                "env.eval_splits=val", "run.dir=elsewhere", "run.progress=false", "train.threads=1",
+                                "train.device=cpu", "train.micro_batch_size=2", "train.memory_budget_gib=1.5"])
+    assert config_changes(saved, same) == []
+    other = load_config("grpo", ["env.name=my_env.py:MyEnv", "env.options.seed=1", "optim.lr=0.5",
+                                 "rollout.temperature=0.7"])
+    assert config_changes(saved, other) == [("env.options.n", 3, _UNSET), ("env.options.seed", _UNSET, 1),
+                                            ("optim.lr", 3e-4, 0.5), ("rollout.temperature", 1.0, 0.7)]

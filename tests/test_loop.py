@@ -150,3 +150,38 @@ def test_tensorboard_after_a_resume_keeps_every_point_once(resumed_grpo):
     assert [e.step for e in events.Scalars("reward/mean")] == [8, 16, 24, 32]
     assert [e.step for e in events.Scalars("eval/test/success")] == [0, 16, 32]
     assert (resumed_grpo / "resumes.log").read_text().count("resumed from step_000002") == 1
+
+
+CONSTANT_ENV = """
+from lopd import Score, Task
+
+
+class Constant:
+    def tasks(self, split):
+        return [Task(f"{split}-{i}", ({"role": "user", "content": f"Name the number {i}."},), str(i)) for i in range(3)]
+
+    def score(self, task, completion):
+        return Score(0.5, False, "Every answer gets the same.")
+"""
+
+
+def test_steps_without_reward_variance_are_said_out_loud(tmp_path):
+    """A constant reward: after train.flat_reward_steps steps with no group's rewards differing, the progress
+    line says so, stderr gets one line (once, however long it lasts) with the likely causes, and report.md
+    has the warning."""
+    (tmp_path / "constant.py").write_text(CONSTANT_ENV)
+    run_dir = tmp_path / "run"
+    out = cli(["train", "--config", "grpo", f"env.name={tmp_path / 'constant.py'}:Constant", "env.eval_splits=test",
+               f"run.dir={run_dir}", "train.max_rollouts=12", "rollout.tasks_per_step=1", "rollout.group_size=4",
+               "rollout.max_new_tokens=8", "eval.max_tasks=1", "train.flat_reward_steps=2", "run.progress=true"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    warnings = [line for line in out.stderr.splitlines() if line.startswith("lopd: warning:")]
+    assert warnings == ["lopd: warning: steps 1-2: no group had any reward variance (reward/mixed_groups = 0), so "
+                        "every advantage is 0 and the policy gradient had no signal; likely causes: the policy scores "
+                        "the same on every rollout (a model that does not know the task's format: docs/own_env.md "
+                        "says what the bundled models know), a reward that is constant, or rollout.group_size=1"], out.stderr[-2000:]
+    assert "no reward variance for 3 steps" in out.stdout  # the progress line's last state
+    report = (run_dir / "report.md").read_text()
+    assert "Learning signal: 0% of groups had reward variance (mean over steps). **Warning**: steps 1-3: no group " \
+           "had any reward variance" in report
+    assert "Peak memory: " in report and "| update |" in report

@@ -38,21 +38,23 @@ def split_args(items: list[str]) -> tuple[str | None, list[str]]:
 def resolve_train_config(config: str | None, positional: list[str]) -> Config:
     """The config `lopd train` runs: a run directory's own (overrides on top), or --config's, which resumes
     the run it names if that exists. Checked before torch is imported: a config error takes a second."""
+    from lopd.runs import RunDir, refuse_another_run, run_dir_for
+
     run_dir, overrides = split_args(positional)
     if run_dir is not None:
-        saved = Path(run_dir) / "config.yaml"
-        if not saved.is_file():
+        run = RunDir(run_dir)
+        if not run.exists():
             raise ConfigError(f"{run_dir}: not a run directory (no config.yaml); start one with --config")
         if config is not None:
             raise ConfigError("give either a run directory to resume or --config to start, not both")
-        return load_config(saved, overrides + [f"run.dir={run_dir}"])
-    cfg = load_config(config_path(config), overrides)
-    from lopd.runs import RunDir
-    from lopd.session import run_dir_for
-
-    run = RunDir(run_dir_for(cfg))
-    if run.exists():  # the run exists: resume it under its own saved config, new overrides on top
-        return load_config(run.config_path, overrides + [f"run.dir={run.path}"])
+    else:
+        cfg = load_config(config_path(config), overrides)
+        run = RunDir(run_dir_for(cfg))
+        if not run.exists():
+            return cfg
+    # the run exists: it resumes under its own saved config, new overrides on top, if they may change on resume
+    cfg = load_config(run.config_path, overrides + [f"run.dir={run.path}"])
+    refuse_another_run(run, cfg)  # (again in session.build, for the API: here it fails before torch loads)
     return cfg
 
 

@@ -356,6 +356,8 @@ class TrainConfig:
     device: str = _help("'auto', 'cpu', 'cuda' or 'cuda:N'", "auto")
     threads: int = _help("torch CPU threads (0 = torch's default)", 0)
     max_bad_steps: int = _help("stop after this many consecutive steps skipped for a non-finite loss or gradient", 3)
+    flat_reward_steps: int = _help("warn (progress line, stderr, report.md) after this many steps in a row in which no "
+                                   "group's rewards differed: no learning signal for the policy gradient (0 = never)", 3)
 
 
 @dataclass
@@ -585,6 +587,7 @@ RANGES = [  # (dotted key, lowest, highest, inclusive at the bottom): values the
     ("train.epochs_per_batch", 1, float("inf"), True),
     ("train.minibatches", 1, float("inf"), True),
     ("train.max_bad_steps", 1, float("inf"), True),
+    ("train.flat_reward_steps", 0, float("inf"), True),
     ("run.checkpoint_every", 1, float("inf"), True),
     ("algorithm.lopd.latent_tokens", 1, float("inf"), True),
     ("algorithm.lopd.retrieve_k", 0, float("inf"), True),

@@ -18,3 +18,8 @@ class DataError(LopdError, ValueError):
 
 class ModelNotFound(LopdError, FileNotFoundError):
     """A model name that is neither bundled nor a folder holding a model."""
+
+
+class EnvError(LopdError):
+    """An env method that raised, or returned something the loop cannot use (a non-finite reward, no Score):
+    the message names the method, the task and what happened."""

@@ -17,14 +17,18 @@ from typing import Sequence
 import torch
 
 from lopd.envs.base import Env
-from lopd.rollout import sample_and_score
+from lopd.rollout import env_call, sample_and_score
 
 
 @dataclass
 class EvalResult:
+    """One split's held-out result. `success` and `reward` are fractions in [0, 1] (means over the `n` tasks:
+    0.25 is 25%, which `lopd eval` and report.md print as percent); so are the per-category and per-mode
+    successes."""
+
     split: str
     n: int
-    success: float
+    success: float  # a fraction: 0.25 = 25% (`lopd eval` prints percent)
     reward: float
     per_category: dict[str, tuple[int, float]] = field(default_factory=dict)  # category -> (n, success)
     samples: list[dict] = field(default_factory=list)  # evaluated tasks with their completion and verdict
@@ -70,7 +74,8 @@ def evaluate_split(model, tokenizer, env: Env, split: str, *, max_tasks: int = 0
     modes: dict[str, float] = {}
     per_mode: dict[str, dict[str, float]] = {}
     if hasattr(env, "score_modes") and not hasattr(env, "step"):  # official and strict verdicts, side by side
-        verdicts = [env.score_modes(t, text) for t, text in zip(tasks, out.completions)]
+        verdicts = [env_call(env, "score_modes", [t], lambda: env.score_modes(t, text))
+                    for t, text in zip(tasks, out.completions)]
         for mode in verdicts[0] if verdicts else []:
             modes[mode] = sum(v[mode].success for v in verdicts) / max(n, 1)
             by_cat: dict[str, list[bool]] = defaultdict(list)
@@ -82,8 +87,16 @@ def evaluate_split(model, tokenizer, env: Env, split: str, *, max_tasks: int = 0
         split=split, n=n, success=sum(success) / max(n, 1), reward=sum(out.rewards.tolist()) / max(n, 1),
         per_category={c: (len(v), sum(v) / len(v)) for c, v in sorted(groups.items())},
         modes=modes, per_category_modes=per_mode,
-        samples=[{"id": t.id, "completion": text, "success": ok, "feedback": fb, "reference": env.reference(t)}
+        samples=[{"id": t.id, "completion": text, "success": ok, "feedback": fb, "reference": reference_of(env, t)}
                  for t, text, ok, fb in kept])
+
+
+def reference_of(env: Env, task) -> str | None:
+    """The task's reference answer, shown next to each evaluated sample; None for an env without
+    `reference` (it is optional: only OPSD needs it, and refuses to start without it)."""
+    if not callable(getattr(env, "reference", None)):
+        return None
+    return env_call(env, "reference", [task], lambda: env.reference(task))
 
 
 def evaluate(source, *, env: Env | None = None, splits: Sequence[str] | None = None,

@@ -39,7 +39,9 @@ from lopd.envs import Env
 from lopd.errors import LopdError
 from lopd.evaluation import evaluate_split
 from lopd.quiet import silence_third_party
+from lopd.report import flat_message, trailing_flat
 from lopd.rollout import RolloutBatch
+from lopd.runs import one_line_write_errors, warn
 from lopd.run_io import Progress, Terminated, Timer, tensorboard_writer, terminated_as_interrupt
 from lopd.session import RunState, Session, build, group_seed, restore, tasks_for_step
 from lopd.update import update
@@ -51,12 +53,12 @@ def train(cfg: Config, *, env: Env | None = None, stop_after: int | None = None,
     """Run (or resume) training; returns the run directory. `stop_after` ends this process after that
     many steps without a final checkpoint, as a crash would (tests use it)."""
     silence_third_party()
-    session = build(cfg, env)
+    session = build(cfg, env)  # refuses a resume under another env or config before anything is written
     try:
         session.resuming = dist.broadcast(session.world, session.run.exists())
-        if session.world.main:
-            session.run.config_path.write_text(to_yaml(cfg))
         state = restore(session)
+        if session.world.main:  # only now: a resume that fails to load leaves the run's own config.yaml
+            session.run.write_config(to_yaml(cfg))
         return fit(session, state, stop_after=stop_after, quiet=quiet)
     finally:
         session.run.release()
@@ -80,7 +82,7 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
                 loop.end("interrupted", f"stop_after={stop_after} steps")
                 dist.barrier(session.world)  # no rank leaves (and closes the process group) while another works
                 return session.run.path
-    loop.finish()
+        loop.finish()
     return session.run.path
 
 
@@ -92,13 +94,19 @@ class Loop:
         self.session, self.state, self.cfg, self.run = session, state, session.cfg, session.run
         self.main = session.world.main  # rank 0 evaluates, checkpoints and logs; every rank trains
         self.sharded = fsdp.is_sharded(session.model)  # every forward is collective: all ranks evaluate and gather
+        self.progress = Progress(self.cfg, session.total_steps, quiet or not self.cfg.run.progress or not self.main)
         if self.main:
-            self.run.begin(session.resumed_from, session.resuming)
-            self.run.finished_path.unlink(missing_ok=True)
+            resumed = self.run.begin(session.resumed_from, session.resuming)
+            if resumed is not None and not quiet:  # a resume says so, where a fresh start says nothing
+                start, previous = resumed
+                print(f"resuming {self.run.path} from {start} ({state.rollouts} of {self.progress.budget} rollouts); "
+                      f"previous process: {previous}", flush=True)
+            with one_line_write_errors(self.run.finished_path):
+                self.run.finished_path.unlink(missing_ok=True)
         purge = state.rollouts + 1 if session.resumed_from is not None else None
         self.writer = tensorboard_writer(self.run, self.cfg, purge_step=purge) if self.main else None
         self.history = self.run.read_metrics() if self.main else []
-        self.progress = Progress(self.cfg, session.total_steps, quiet or not self.cfg.run.progress or not self.main)
+        self.warned_flat = False  # the stderr line about steps without reward variance: once per process
 
     def step(self) -> None:
         s, state, timer = self.session, self.state, Timer()
@@ -120,6 +128,7 @@ class Loop:
         if self.evaluation_due(previous):
             row.update({"kind": "train+eval", **self.evaluate(timer)})
         self.checkpoint_and_log(row, timer)
+        self.warn_if_flat()
         self.stop_if_unhealthy()
 
     def sample(self, step: int, timer: Timer) -> tuple[RolloutBatch, dict[str, float]]:
@@ -192,18 +201,27 @@ class Loop:
         self.run.log(row)
         self.history.append(row)
         if self.writer is not None:
-            for k, v in row.items():
-                if isinstance(v, (int, float)) and "/" in k:
-                    self.writer.add_scalar(k, v, global_step=self.state.rollouts)
+            self.writer.scalars(row, self.state.rollouts)
         return row
+
+    def warn_if_flat(self) -> None:
+        """After `train.flat_reward_steps` steps in a row in which no group's rewards differed, say so: on the
+        progress line while it lasts, and in one stderr line (once per process) with the likely causes."""
+        steps, after = trailing_flat(self.history), self.cfg.train.flat_reward_steps
+        flat = bool(after) and len(steps) >= after
+        self.progress.note(f"no reward variance for {len(steps)} steps" if flat else "")
+        if flat and not self.warned_flat:
+            self.warned_flat = True
+            warn(flat_message(steps))  # (above the progress bar, which holds the terminal's last line)
 
     def stop_if_unhealthy(self) -> None:
         if self.state.bad_streak >= self.cfg.train.max_bad_steps:
             last = self.run.latest_checkpoint()
             raise LopdError(f"step {self.state.step}: {self.state.bad_streak} steps in a row had a non-finite loss or "
                             f"gradient and were skipped; stopping. The last good checkpoint is "
-                            f"{last.name if last else 'none'}: change the config (e.g. a lower optim.lr) "
-                            f"and resume with `lopd train {self.run.path}`")
+                            f"{last.name if last else 'none'}. A resume keeps the run's config and would meet the "
+                            f"same steps: fix what overflows (the env, a loss term) and resume with "
+                            f"`lopd train {self.run.path}`, or start a new run (e.g. with a lower optim.lr)")
 
     def end(self, how: str, detail: str = "") -> None:
         if self.main:
@@ -211,8 +229,10 @@ class Loop:
 
     @contextmanager
     def recording_how_it_ends(self) -> Iterator[None]:
+        failed = True
         try:
             yield
+            failed = False
         except KeyboardInterrupt as e:
             self.progress.stop()
             self.end("interrupted", "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C")
@@ -224,17 +244,17 @@ class Loop:
             self.end("crashed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
                                 f"(at step {self.state.step + 1})")
             raise
-        finally:
+        finally:  # after an error, a writer that cannot flush (the same full or read-only disk) stays quiet
             self.progress.stop()
             if self.writer is not None:
-                self.writer.close()
+                self.writer.close(quiet=failed)
 
     def finish(self) -> None:
         """The whole budget is trained: the report, status "finished", and last the `finished` marker."""
         if self.main:
             from lopd.report import write_run_report
 
-            write_run_report(self.run.path)
+            write_run_report(self.run.path, self.cfg.train.flat_reward_steps)
             self.run.end("finished")
             self.run.mark_finished(self.cfg.train.max_rollouts)
         dist.barrier(self.session.world)

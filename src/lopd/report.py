@@ -133,6 +133,71 @@ def curves_figure(metrics: list[dict], title: str = ""):
     return fig
 
 
+FLAT_CAUSES = ("likely causes: the policy scores the same on every rollout (a model that does not know the task's "
+               "format: docs/own_env.md says what the bundled models know), a reward that is constant, or "
+               "rollout.group_size=1")
+
+
+def trailing_flat(rows: list[dict]) -> list[int]:
+    """The latest training steps in a row in which no group's rewards differed (`reward/mixed_groups` = 0):
+    the advantages are 0 there, so the policy gradient has nothing to learn from."""
+    steps: list[int] = []
+    for r in rows:
+        if "reward/mixed_groups" in r:
+            steps = steps + [r["step"]] if r["reward/mixed_groups"] == 0 else []
+    return steps
+
+
+def flat_streak(rows: list[dict]) -> list[int]:
+    """The longest run of consecutive training steps without reward variance (`flat_steps`), the last one
+    among equals."""
+    train = [r for r in rows if "reward/mixed_groups" in r]
+    best: list[int] = []
+    current: list[int] = []
+    for r in train:
+        current = current + [r["step"]] if r["reward/mixed_groups"] == 0 else []
+        if current and len(current) >= len(best):
+            best = current
+    return best
+
+
+def flat_message(steps: list[int]) -> str:
+    """One line: which steps had no reward variance, what that means, and the likely causes."""
+    where = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+    return (f"{where}: no group had any reward variance (reward/mixed_groups = 0), so every advantage is 0 and "
+            f"the policy gradient had no signal; {FLAT_CAUSES}")
+
+
+def signal_line(rows: list[dict], warn_after: int) -> str:
+    """The run's learning signal in one line: the mean share of groups whose rewards differed, and a warning
+    when `warn_after` (train.flat_reward_steps) or more steps in a row had none."""
+    mixed = [r["reward/mixed_groups"] for r in rows if "reward/mixed_groups" in r]
+    if not mixed:
+        return "Learning signal: no training step yet."
+    share = f"Learning signal: {100 * sum(mixed) / len(mixed):.0f}% of groups had reward variance (mean over steps)."
+    streak = flat_streak(rows)
+    if warn_after and len(streak) >= warn_after:
+        return f"{share} **Warning**: {flat_message(streak)}."
+    return share
+
+
+def memory_cells(rows: list[dict], phase: str) -> str:
+    """The highest peak resident memory of a phase over the run's rows, in GiB ("-" if not measured)."""
+    peaks = [r[f"memory/peak_rss_gib/{phase}"] for r in rows if f"memory/peak_rss_gib/{phase}" in r]
+    return f"{max(peaks):.2f}" if peaks else "-"
+
+
+def memory_line(rows: list[dict]) -> str:
+    """The process's peak resident memory over the run (the kernel's peak-RSS mark, `memory/peak_rss_gib`),
+    and the GPU's peak allocation if there was one."""
+    rss = [r["memory/peak_rss_gib"] for r in rows if "memory/peak_rss_gib" in r]
+    gpu = [r["memory/peak_gib"] for r in rows if "memory/peak_gib" in r]
+    if not rss:
+        return "Peak memory: not measured."
+    out = f"Peak memory: {max(rss):.2f} GiB resident (memory/peak_rss_gib; what `/usr/bin/time -v` reports)"
+    return out + (f", {max(gpu):.2f} GiB on the GPU (memory/peak_gib)." if gpu else ".")
+
+
 def health_line(rows: list[dict], run: RunDir) -> str:
     """Optimizer steps skipped for a non-finite loss or gradient, and how often the run was resumed."""
     skipped = sum(r.get("health/skipped_steps", 0) for r in rows)
@@ -142,23 +207,31 @@ def health_line(rows: list[dict], run: RunDir) -> str:
             f"({losses:.0f} non-finite micro-batch loss(es)); resumed {resumes} time(s) (resumes.log).")
 
 
-def write_run_report(path: str | Path) -> Path:
+def write_run_report(path: str | Path, flat_reward_steps: int = 3) -> Path:
+    """report.md and curves.png of a run, from its metrics.jsonl. `flat_reward_steps`: how many steps in a
+    row without reward variance earn a warning line (train.flat_reward_steps; 0 = never)."""
+    from lopd.runs import one_line_write_errors
+
     run = RunDir(path)
     metrics = run.read_metrics()
     title = run.path.name
-    plot_curves(metrics, run.curves_path, title)
+    with one_line_write_errors(run.curves_path):
+        plot_curves(metrics, run.curves_path, title)
     timing = [r for r in metrics if r.get("kind", "").startswith("train")]
     phases = sorted({k for r in timing for k in r if k.startswith("time/")})
-    time_lines = [f"| {p.removeprefix('time/')} | {sum(r.get(p, 0.0) for r in timing) / max(len(timing), 1):.2f} |"
-                  for p in phases]
+    time_lines = [f"| {p.removeprefix('time/')} | {sum(r.get(p, 0.0) for r in timing) / max(len(timing), 1):.2f} | "
+                  f"{memory_cells(metrics, p.removeprefix('time/'))} |" for p in phases]
     text = "\n".join([
         f"# Run `{title}`", "",
         "Held-out success of the student alone (greedy decoding, no context) against the rollout budget.", "",
         success_table(metrics), "",
         f"![curves]({run.curves_path.name})", "",
-        "Mean seconds per training step, by phase:", "",
-        "| phase | seconds |", "|---|---:|", *time_lines, "",
+        "Mean seconds per training step and the highest peak resident memory, by phase:", "",
+        "| phase | seconds | peak RSS (GiB) |", "|---|---:|---:|", *time_lines, "",
+        memory_line(metrics), "",
+        signal_line(timing, flat_reward_steps), "",
         health_line(timing, run), "",
         f"Config: `{run.config_path.name}`; every number above is a row of `{run.metrics_path.name}`.", ""])
-    run.report_path.write_text(text)
+    with one_line_write_errors(run.report_path):
+        run.report_path.write_text(text)
     return run.report_path

@@ -10,16 +10,23 @@ at the same temperature, so the importance ratio of an un-updated policy is 1.
 `RolloutBatch`, for training (`collect`) and evaluation alike; for envs with a `step` method,
 `sample_episodes` runs multi-turn episodes (tool results and user turns fed back as observations,
 masked from every loss).
+
+This is the boundary where an env's answers enter the run (`env_call`, `checked_score`): an env method that
+raises, or a score that is no Score or has a non-finite reward, stops the run with one line naming the
+method and the task, never a NaN that surfaces steps later as a "non-finite loss".
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
-from lopd.envs.base import Env, Task
+from lopd.envs.base import Env, Score, Task
+from lopd.errors import EnvError, LopdError
 from lopd.prompts import encode_prompt, prompt_text
 
 
@@ -253,7 +260,7 @@ def sample_episodes(model, tokenizer, env: Env, tasks: Sequence[Task], *, max_tu
             if bool(s.truncated[j]):
                 truncated[i] = True
                 continue
-            observation = env.step(tasks[i], history[i])
+            observation = env_call(env, "step", [tasks[i]], lambda: env.step(tasks[i], history[i]))
             if not observation:
                 continue
             history[i] += observation
@@ -286,12 +293,53 @@ def sample_episodes(model, tokenizer, env: Env, tasks: Sequence[Task], *, max_tu
     return out, history
 
 
-def score_all(env: Env, tasks: Sequence[Task], completions: Sequence[str]) -> list:
+def _which(tasks: Sequence[Task]) -> str:
+    """The tasks an env method was called on, for its error message: "task 'a'", "4 completions of tasks 'a', 'b'"."""
+    if len(tasks) == 1:
+        return f"task '{tasks[0].id}'"
+    ids = list(dict.fromkeys(t.id for t in tasks))
+    shown = ", ".join(f"'{i}'" for i in ids[:3])
+    return f"{len(tasks)} completions of tasks {shown}{', ...' if len(ids) > 3 else ''}"
+
+
+def env_call(env: Env, method: str, tasks: Sequence[Task], call: Callable[[], Any]) -> Any:
+    """`call()`, one of the env's methods on `tasks`; anything it raises becomes an EnvError of one line:
+    `MyEnv.score(task 'unit-3') raised ValueError: ...` (the original stays its cause, for a traceback)."""
+    try:
+        return call()
+    except LopdError:
+        raise
+    except Exception as e:
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise EnvError(f"{type(env).__name__}.{method}({_which(tasks)}) raised {type(e).__name__}"
+                       f"{': ' + text if text else ''}") from e
+
+
+def checked_score(env: Env, method: str, task: Task, score: Any) -> Score:
+    """`score` if it is a Score (reward, success, feedback) with a finite real reward; an EnvError naming the
+    method and the task otherwise (a NaN reward would poison every advantage of its group)."""
+    reward = getattr(score, "reward", None)
+    where = f"{type(env).__name__}.{method}(task '{task.id}')"
+    if not (hasattr(score, "success") and hasattr(score, "feedback")) or isinstance(reward, bool) \
+            or not isinstance(reward, numbers.Real):
+        raise EnvError(f"{where} returned {type(score).__name__} {str(score)[:80]!r}, not a Score(reward, success, "
+                       f"feedback) with a number as its reward")
+    if not math.isfinite(reward):
+        raise EnvError(f"{where} returned the non-finite reward {reward}: rewards must be finite numbers")
+    return score
+
+
+def score_all(env: Env, tasks: Sequence[Task], completions: Sequence[str]) -> list[Score]:
     """The env's Score of every (task, completion), through its batched path when it has one
-    (`score_many`: HumanEval's parallel sandboxes), else one at a time."""
+    (`score_many`: HumanEval's parallel sandboxes), else one at a time; each checked (`checked_score`)."""
     if hasattr(env, "score_many"):
-        return list(env.score_many(list(zip(tasks, completions))))
-    return [env.score(t, c) for t, c in zip(tasks, completions)]
+        scores = env_call(env, "score_many", tasks, lambda: list(env.score_many(list(zip(tasks, completions)))))
+        if len(scores) != len(tasks):
+            raise EnvError(f"{type(env).__name__}.score_many({_which(tasks)}) returned {len(scores)} scores for "
+                           f"{len(tasks)} completions")
+        return [checked_score(env, "score_many", t, s) for t, s in zip(tasks, scores)]
+    return [checked_score(env, "score", t, env_call(env, "score", [t], lambda: env.score(t, c)))
+            for t, c in zip(tasks, completions)]
 
 
 def sample_and_score(model, tokenizer, env: Env, tasks: Sequence[Task], *, group_size: int = 1,
@@ -332,12 +380,14 @@ def sample_and_score(model, tokenizer, env: Env, tasks: Sequence[Task], *, group
             episodes = None if parts[0][1] is None else [h for p in parts for h in p[1]]
     with phase("score"):
         if episodes is not None:
-            scores = [env.score_episode(t, h) for t, h in zip(owners, episodes)]
+            scores = [checked_score(env, "score_episode", t, env_call(env, "score_episode", [t],
+                                                                      lambda: env.score_episode(t, h)))
+                      for t, h in zip(owners, episodes)]
         else:
             scores = score_all(env, owners, s.completions)
     groups = torch.arange(first_group, first_group + len(tasks)).repeat_interleave(group_size)
     return RolloutBatch(**vars(s), tasks=owners, group=groups,
-                        rewards=torch.tensor([sc.reward for sc in scores], dtype=torch.float32),
+                        rewards=torch.tensor([float(sc.reward) for sc in scores], dtype=torch.float32),
                         success=torch.tensor([sc.success for sc in scores], dtype=torch.bool),
                         feedback=[sc.feedback for sc in scores])
 

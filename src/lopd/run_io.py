@@ -1,6 +1,6 @@
 """What a training process shows, hears and measures, apart from the loop's logic: the progress bar, the
-TensorBoard writer, SIGTERM turned into an interrupt (so a killed run records how it ended), and the
-phases' timer."""
+TensorBoard writer (whose failed writes are one line, like every write of a run), SIGTERM turned into an
+interrupt (so a killed run records how it ended), and the phases' timer."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from lopd import host_memory
 from lopd.config import Config
-from lopd.runs import RunDir
+from lopd.runs import RunDir, one_line_write_errors
 
 if TYPE_CHECKING:
     from lopd.session import RunState
@@ -73,7 +73,7 @@ def terminated_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def tensorboard_writer(run: RunDir, cfg: Config, purge_step: int | None):
+def tensorboard_writer(run: RunDir, cfg: Config, purge_step: int | None) -> "TensorBoard | None":
     if not cfg.run.tensorboard:
         return None
     try:
@@ -85,7 +85,52 @@ def tensorboard_writer(run: RunDir, cfg: Config, purge_step: int | None):
                       f"run.tensorboard=false to silence this)")
         return None
 
-    return SummaryWriter(log_dir=str(run.tensorboard_dir), purge_step=purge_step)
+    with one_line_write_errors(run.tensorboard_dir):
+        return TensorBoard(SummaryWriter(log_dir=str(run.tensorboard_dir), purge_step=purge_step), run)
+
+
+class TensorBoard:
+    """A SummaryWriter whose failed writes (a full or read-only disk) are one-line LopdErrors in the loop's
+    thread. Its writer thread re-raises a failed write in that thread (a traceback on stderr) and again here
+    at the next call: the first is silenced (`_quiet_writer_thread`), the second made one line."""
+
+    def __init__(self, writer, run: RunDir):
+        self.writer, self.run = writer, run
+        _quiet_writer_thread()
+
+    def scalars(self, row: dict, step: int) -> None:
+        """Every numeric `section/name` value of the row, at x = `step` (rollouts)."""
+        with one_line_write_errors(self.run.tensorboard_dir):
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and "/" in k:
+                    self.writer.add_scalar(k, v, global_step=step)
+
+    def close(self, quiet: bool = False) -> None:
+        """Flush and close; `quiet`: an error is already on its way, and a failure here would only repeat it."""
+        try:
+            with one_line_write_errors(self.run.tensorboard_dir):
+                self.writer.close()
+        except Exception:
+            if not quiet:
+                raise
+
+
+def _quiet_writer_thread() -> None:
+    """Install (once) a threading.excepthook that drops an OSError of TensorBoard's writer thread, which the
+    writer raises again in the caller's thread, and passes everything else to the previous hook."""
+    import threading
+
+    previous = threading.excepthook
+    if getattr(previous, "lopd_tensorboard", False):
+        return
+
+    def hook(args) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+            return
+        previous(args)
+
+    hook.lopd_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 class Progress:
@@ -94,7 +139,7 @@ class Progress:
     def __init__(self, cfg: Config, total_steps: int, disabled: bool):
         self.cfg, self.total, self.disabled, self.bar = cfg, total_steps, disabled, None
         self.budget = total_steps * cfg.rollout.tasks_per_step * cfg.rollout.group_size
-        self.fields = {"reward": "-", "held_out": "-"}
+        self.fields = {"reward": "-", "held_out": "-", "note": ""}
 
     def start(self, state: RunState, history: list[dict]) -> None:
         if self.disabled:
@@ -104,7 +149,8 @@ class Progress:
         for row in history:
             self._absorb(row)
         self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("rollouts  reward {task.fields[reward]}  held-out {task.fields[held_out]}"),
+                            TextColumn("rollouts  reward {task.fields[reward]}  held-out {task.fields[held_out]}"
+                                       "{task.fields[note]}"),
                             TimeElapsedColumn(), TimeRemainingColumn())
         self.bar.start()
         self.task = self.bar.add_task(str(self.cfg.algorithm.name), total=self.budget, completed=state.rollouts, **self.fields)
@@ -115,6 +161,12 @@ class Progress:
         evals = [f"{k.split('/')[1]} {100 * v:.0f}%" for k, v in row.items() if k.startswith("eval/") and k.endswith("/success")]
         if evals:
             self.fields["held_out"] = " ".join(evals)
+
+    def note(self, text: str) -> None:
+        """A warning shown at the end of the line (e.g. no reward variance), or "" for none."""
+        self.fields["note"] = f"  [yellow]{text}[/yellow]" if text else ""
+        if self.bar is not None:
+            self.bar.update(self.task, **self.fields)
 
     def update(self, state: RunState, row: dict) -> None:
         self._absorb(row)

@@ -40,9 +40,10 @@ import re
 import shutil
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from lopd.errors import ConfigError, LopdError
 
@@ -83,6 +84,16 @@ def write_error(e: BaseException, where: Path) -> LopdError | None:
     return None
 
 
+@contextmanager
+def one_line_write_errors(where: Path) -> Iterator[None]:
+    """Inside the block, an OSError that is a full or read-only disk becomes `write_error`'s one line, naming
+    the file the OS names (else `where`); any other error passes unchanged."""
+    try:
+        yield
+    except OSError as e:
+        raise (write_error(e, Path(e.filename) if e.filename else where) or e) from None
+
+
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -118,9 +129,10 @@ class PendingCheckpoint:
         from lopd import failpoints
 
         failpoints.reached("checkpoint.rename")
-        shutil.rmtree(self.final, ignore_errors=True)
-        os.replace(self.tmp, self.final)
-        fsync_dir(self.final.parent)
+        with one_line_write_errors(self.final):
+            shutil.rmtree(self.final, ignore_errors=True)
+            os.replace(self.tmp, self.final)
+            fsync_dir(self.final.parent)
         failpoints.reached("checkpoint.after_rename")
         done = sorted(self.run.checkpoint_folders(), key=_step_of)
         for old in done[:-self.keep] if self.keep > 0 else []:
@@ -142,6 +154,7 @@ class RunDir:
         self.checkpoints = self.path / "checkpoints"
         self.writer = writer
         self._lock_fd: int | None = None
+        self._lock_record: str | None = None  # the lock file's text when this process took it (`acquire`)
 
     config_path = property(lambda self: self.path / "config.yaml")
     metrics_path = property(lambda self: self.path / "metrics.jsonl")
@@ -169,16 +182,22 @@ class RunDir:
 
     def mark_finished(self, budget: int) -> None:
         """Written last: the whole budget is trained."""
-        self.finished_path.write_text(str(budget))
+        with one_line_write_errors(self.finished_path):
+            self.finished_path.write_text(str(budget))
+
+    def write_config(self, text: str) -> None:
+        """config.yaml, replaced atomically (a failed write leaves the previous one)."""
+        tmp = self.config_path.with_suffix(".tmp")
+        with one_line_write_errors(self.config_path):
+            tmp.write_text(text)
+            os.replace(tmp, self.config_path)
 
     def write_samples(self, split: str, step: int, samples: list[dict]) -> None:
         """The evaluated completions of `split` at `step`, one JSON object per line."""
-        self.samples_dir.mkdir(exist_ok=True)
-        try:
+        with one_line_write_errors(self.samples_path(split, step)):
+            self.samples_dir.mkdir(exist_ok=True)
             with open(self.samples_path(split, step), "w") as f:
                 f.writelines(json.dumps(s) + "\n" for s in samples)
-        except OSError as e:
-            raise write_error(e, self.samples_path(split, step)) or e
 
     def exists(self) -> bool:
         return self.config_path.is_file()
@@ -196,9 +215,10 @@ class RunDir:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip().split("\n")[0] or "another process"
             os.close(fd)
             raise RunInUse(f"{self.path} is in use by {holder}; wait for it to finish or stop it first") from None
+        self._lock_record = os.pread(fd, 4096, 0).decode(errors="replace")  # how its last holder ended (`end`)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
                   .encode(), 0)
@@ -209,29 +229,71 @@ class RunDir:
             os.close(self._lock_fd)  # closing the descriptor releases the flock
             self._lock_fd = None
 
-    def begin(self, checkpoint: Path | None, resuming: bool) -> None:
+    def begin(self, checkpoint: Path | None, resuming: bool) -> tuple[str, str] | None:
         """Record a start: a resumed run gets one line in resumes.log saying from where and how the previous
-        process ended; status.json says this one is running."""
-        previous = self.read_status()
+        process ended (both returned: ("step_000004", "interrupted (SIGTERM)")); status.json says this one
+        is running."""
+        previous, resumed = self.read_status(), None
         if resuming:
             previous = previous or {"state": "unknown (no status.json: written by an older lopd)"}
-            start = checkpoint.name if checkpoint is not None else "the start (no checkpoint)"
-            line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} resumed from {start}; previous process: {how_it_ended(previous)}"
-            with open(self.resumes_path, "a") as f:
-                f.write(line + "\n")
-        self.write_status({"state": "running", "pid": os.getpid(), "since": time.time()})
+            resumed = (checkpoint.name if checkpoint is not None else "the start (no checkpoint)", how_it_ended(previous))
+            with one_line_write_errors(self.resumes_path), open(self.resumes_path, "a") as f:
+                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} resumed from {resumed[0]}; previous process: "
+                        f"{resumed[1]}\n")
+        with one_line_write_errors(self.status_path):
+            self.write_status({"state": "running", "pid": os.getpid(), "since": time.time()})
+        return resumed
 
-    def end(self, state: str, detail: str = "") -> None:
-        self.write_status({"state": state, "pid": os.getpid(), "at": time.time(), "detail": detail})
+    def end(self, state: str, detail: str = "") -> bool:
+        """Record how this process ends in status.json. Never raises: when the run directory can no longer be
+        written (a full or read-only disk, the error this process is ending with), the record goes into the
+        lock file, whose descriptor this process holds open, and the next start reads it from there
+        (`read_status`). False if status.json could not be written."""
+        status = {"state": state, "pid": os.getpid(), "at": time.time(), "detail": detail}
+        try:
+            self.write_status(status)
+            return True
+        except OSError:
+            if self._lock_fd is not None:
+                try:
+                    os.pwrite(self._lock_fd, f"\nended {json.dumps(status)}\n".encode(), os.fstat(self._lock_fd).st_size)
+                except OSError:
+                    pass
+            return False
 
     def read_status(self) -> dict | None:
+        """status.json, or, where it still says "running" for a process whose end could only be recorded in the
+        lock file (`end`), that record."""
         try:
             status = json.loads(self.status_path.read_text())
         except FileNotFoundError:
             return None
         except (OSError, ValueError):
             return {"state": "unknown (status.json unreadable)"}
-        return status if isinstance(status, dict) else {"state": "unknown (status.json is not an object)"}
+        if not isinstance(status, dict):
+            return {"state": "unknown (status.json is not an object)"}
+        if status.get("state") == "running":
+            ended = self._ended_in_lock()
+            if ended is not None and ended.get("pid") == status.get("pid"):
+                return ended
+        return status
+
+    def _ended_in_lock(self) -> dict | None:
+        """The "ended {...}" record the lock file's last holder left (as it was when this process took the lock)."""
+        text = self._lock_record
+        if text is None:
+            try:
+                text = self.lock_path.read_text(errors="replace")
+            except OSError:
+                return None
+        for line in reversed(text.splitlines()):
+            if line.startswith("ended "):
+                try:
+                    record = json.loads(line[len("ended "):])
+                except ValueError:
+                    return None
+                return record if isinstance(record, dict) else None
+        return None
 
     def write_status(self, status: dict) -> None:
         tmp = self.status_path.with_suffix(".tmp")
@@ -276,11 +338,12 @@ class RunDir:
         if self.metrics_path.is_file():
             self.read_metrics(warn_about=True)
         tmp = self.metrics_path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.metrics_path)
+        with one_line_write_errors(self.metrics_path):
+            with open(tmp, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.metrics_path)
 
     # -------------------------------------------------------------- checkpoints
 
@@ -438,6 +501,105 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+# ------------------------------------------------------------------------------ naming and resuming a run
+
+
+def env_label(name: str) -> str:
+    """The env in a run directory's name: a bundled name as is, `pkg.module:Class` as `module_Class`,
+    `path/file.py:Class` as `file_Class` (the same from any working directory), a class from a script's
+    `__main__` as `Class`."""
+    module, _, attribute = name.rpartition(":")
+    if not module:
+        return name
+    if module == "__main__":
+        label = attribute
+    elif module.endswith(".py"):
+        label = f"{Path(module).stem}_{attribute}"
+    else:
+        label = f"{module.rpartition('.')[2]}_{attribute}"
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", label.replace("<locals>", "")).strip("_")
+
+
+def run_dir_for(cfg) -> Path:
+    """`run.dir`, or the default name: runs/<algorithm>_<env>_seed<seed> (`env_label`)."""
+    return Path(cfg.run.dir or f"runs/{cfg.algorithm.name}_{env_label(cfg.env.name)}_seed{cfg.train.seed}")
+
+
+# What may differ between a run's config.yaml and the config that resumes (or extends) it: how long it runs,
+# what and how it evaluates, logs and checkpoints, where it runs and how it plans its memory. Anything else
+# (the model, the algorithm and every shape, the env and its tasks, sampling, the optimizer) would make the
+# resumed run another run, or fail to load its checkpoint, and is refused. A key ending in "." is a section.
+RESUMABLE = ("train.max_rollouts", "train.max_bad_steps", "train.flat_reward_steps", "eval.", "env.eval_splits",
+             "run.", "train.device", "train.threads", "train.fsdp", "train.memory_budget_gib",
+             "train.micro_batch_size", "train.micro_batch_tokens", "train.activation_checkpointing",
+             "train.return_host_memory", "rollout.vllm_url", "rollout.vllm_python", "rollout.vllm_verify_every")
+ENV_KEYS = ("env.name", "env.options", "env.train_split", "env.toolworld.", "env.bfcl.", "env.acebench.",
+            "env.humaneval.")  # which task the run trains on
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested dict's leaves by dotted key (a dict-valued key with no entries is one leaf, `{}`)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _matches(key: str, patterns: Sequence[str]) -> bool:
+    return any(key.startswith(p) if p.endswith(".") else key == p or key.startswith(p + ".") for p in patterns)
+
+
+def config_changes(saved, cfg) -> list[tuple[str, Any, Any]]:
+    """(dotted key, value in `saved`, value in `cfg`) for every key that differs and may not change on resume
+    (`RESUMABLE`); file-path env names are compared as absolute paths."""
+    from lopd.config import to_dict
+    from lopd.envs import resolved_env_name
+
+    old, new = _leaves(to_dict(saved)), _leaves(to_dict(cfg))
+    old["env.name"], new["env.name"] = resolved_env_name(old["env.name"]), resolved_env_name(new["env.name"])
+    return [(k, old.get(k, _UNSET), new.get(k, _UNSET)) for k in sorted(old.keys() | new.keys())
+            if old.get(k, _UNSET) != new.get(k, _UNSET) and not _matches(k, RESUMABLE)]
+
+
+_UNSET = object()  # a key one of two configs lacks (an env.options entry)
+
+
+def _shown(value: Any) -> str:
+    from lopd.config import as_override
+
+    return "(unset)" if value is _UNSET else as_override(value)
+
+
+def refuse_another_run(run: "RunDir", cfg) -> None:
+    """A one-line ConfigError if `cfg` would not continue the run in `run` (its config.yaml): another env (its
+    name, options or tasks: both named), or any other key outside `RESUMABLE` (named, with the keys that may
+    change on resume). Nothing is written; called before the run directory is touched."""
+    from lopd.config import load_config, to_dict
+
+    saved = load_config(run.config_path)
+    changes = config_changes(saved, cfg)
+    if not changes:
+        return
+    if any(_matches(k, ENV_KEYS) for k, _, _ in changes):
+        def env_of(c) -> str:
+            options = to_dict(c)["env"]["options"]
+            return repr(c.env.name) + (f" with options {options}" if options else "")
+        others = [k for k, _, _ in changes if _matches(k, ENV_KEYS) and not _matches(k, ("env.name", "env.options"))]
+        detail = f" (and {', '.join(others)} differ)" if others else ""
+        raise ConfigError(f"{run.path}: this run trains on env {env_of(saved)}, and this process has env "
+                          f"{env_of(cfg)}{detail}: a run never continues on another task; start another run "
+                          f"(another run.dir) for it")
+    key, was, now = changes[0]
+    more = f" (and {', '.join(k for k, _, _ in changes[1:])})" if len(changes) > 1 else ""
+    raise ConfigError(f"{run.path}: {key} is {_shown(was)} in this run, {_shown(now)} here{more}: a resumed run "
+                      f"must be the run it was (its checkpoint's shapes, algorithm and training); keys that may "
+                      f"change on resume: {', '.join(k + '*' if k.endswith('.') else k for k in RESUMABLE)}; "
+                      f"start another run (another run.dir) for this config")
 
 
 # ------------------------------------------------------------------------------ reading a run

@@ -18,13 +18,13 @@ import torch
 
 from lopd import dist, fsdp
 from lopd.algorithms import Algorithm, build_algorithm
-from lopd.config import Config, RolloutEngine
+from lopd.config import AlgorithmName, Config, RolloutEngine
 from lopd.dist import World
-from lopd.envs import Env, Task, build_env
+from lopd.envs import Env, Task, build_env, object_env_name, record_bundled_settings, resolved_env_name
 from lopd.errors import ConfigError, LopdError
 from lopd.models import copies_of, load_policy, trainable_parameters
 from lopd.prompts import encode_prompt
-from lopd.runs import RunDir, seed_everything
+from lopd.runs import RunDir, refuse_another_run, run_dir_for, seed_everything
 
 
 @dataclass
@@ -57,9 +57,7 @@ class Session:
     resuming: bool = False  # the run directory existed before this process (a resume or an extension)
 
 
-def run_dir_for(cfg: Config) -> Path:
-    env = cfg.env.name.replace(":", "_").replace(".", "_").replace("/", "_")
-    return Path(cfg.run.dir or f"runs/{cfg.algorithm.name}_{env}_seed{cfg.train.seed}")
+NEEDS_REFERENCE = {AlgorithmName.opsd: "its teacher reads each task's reference answer"}  # -> env.reference(task)
 
 
 def tasks_for_step(tasks: Sequence[Task], step: int, per_step: int, seed: int) -> list[Task]:
@@ -94,7 +92,8 @@ def build(cfg: Config, env: Env | None = None) -> Session:
                           f"ranks (whole sampling groups stay on one rank)")
     device = dist.device_for(world, cfg.train.device)
     seed_everything(cfg.train.seed)
-    env = given_env(cfg, env) if env is not None else build_env(cfg.env)
+    env, run = bound_run(cfg, env, world)
+    check_contract(cfg, env)
     train_tasks = env_tasks(env, cfg.env.train_split, "env.train_split")
     for split in cfg.env.eval_splits:  # fail now, not after an hour, on a bad split name or data file
         env_tasks(env, split, "env.eval_splits")
@@ -104,7 +103,6 @@ def build(cfg: Config, env: Env | None = None) -> Session:
     if cfg.train.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()  # Hugging Face checkpoints only in training mode; rollouts switch to eval and back
-    run = RunDir(run_dir_for(cfg), writer=world.main)
     algorithm = build_algorithm(cfg)
     if world.main:
         run.acquire()  # before the algorithm opens its bank or library there
@@ -130,6 +128,30 @@ def build(cfg: Config, env: Env | None = None) -> Session:
     engine = rollout_engine(cfg, model, tokenizer, env, encode_prompt(tokenizer, train_tasks[0].messages))
     return Session(cfg, run, device, env, train_tasks, model, tokenizer, algorithm, optimizer, scheduler, total_steps,
                    world, engine)
+
+
+def bound_run(cfg: Config, env: Env | None, world: World) -> tuple[Env, RunDir]:
+    """The env and the run directory, bound to each other: what built the env goes into `cfg.env.name` (a
+    file as its absolute path, a given object's class: `given_env`), and an existing run directory (a resume
+    or an extension) refuses another env, or any key that may not change on resume, before anything is
+    written (`runs.refuse_another_run`)."""
+    cfg.env.name = resolved_env_name(cfg.env.name)
+    if env is not None:
+        env = given_env(cfg, env)
+    run = RunDir(run_dir_for(cfg), writer=world.main)
+    if run.exists():
+        refuse_another_run(run, cfg)
+    return (env if env is not None else build_env(cfg.env)), run
+
+
+def check_contract(cfg: Config, env: Env) -> None:
+    """What the configured algorithm needs of the env beyond `tasks` and `score`, refused before the first
+    step: `reference(task)` for OPSD (`NEEDS_REFERENCE`); it is optional everywhere else."""
+    why = NEEDS_REFERENCE.get(cfg.algorithm.name)
+    if why and not callable(getattr(env, "reference", None)):
+        raise ConfigError(f"algorithm.name: {cfg.algorithm.name.value} needs env.reference(task) ({why}), and "
+                          f"{type(env).__name__} has no reference method: add one (docs/own_env.md) or train "
+                          f"with another algorithm")
 
 
 def check_shardable(cfg: Config, env: Env) -> None:
@@ -158,14 +180,15 @@ def env_tasks(env: Env, split: str, key: str) -> Sequence[Task]:
 
 
 def given_env(cfg: Config, env: Env) -> Env:
-    """An env object given to `train(cfg, env=...)`: its class's import path goes into the config (so the
-    run directory resumes with `lopd train RUN_DIR`), unless it is a bundled env or from `__main__`."""
+    """An env object given to `train(cfg, env=...)` or `evaluate`, checked, and what built it recorded in
+    the config (`env.name`: `object_env_name`; a bundled env's own settings in its section), so the run
+    directory is bound to its task: `lopd train RUN_DIR` rebuilds it, or refuses to when its class has no
+    importable home (a script's `__main__`), and a resume with another env is refused."""
     from lopd.envs import check_env
 
     check_env(env, type(env).__name__)
-    module = type(env).__module__
-    if ":" not in cfg.env.name and not module.startswith("lopd.") and module != "__main__":
-        cfg.env.name = f"{module}:{type(env).__qualname__}"
+    cfg.env.name = object_env_name(env, cfg.env.name)
+    record_bundled_settings(env, cfg.env)
     return env
 
 

@@ -2,12 +2,16 @@
 
     env.name=toolworld                                  a bundled env (its settings: env.toolworld.*)
     env.name=mypackage.tasks:UnitEnv                    a class or factory in an importable module
-    env.name=examples/unit_converter.py:UnitConverter   ... or in a Python file (relative to the cwd)
+    env.name=examples/unit_converter.py:UnitConverter   ... or in a Python file (recorded as its absolute path)
     env.options.seed=3                                  keyword arguments for that class or factory
 
 A plugin env only has to satisfy the `Env` protocol of `lopd.envs.base` (docs/own_env.md): `tasks(split)`
 and `score(task, completion)`, plus `reference(task)` for OPSD and `step`/`score_episode` for multi-turn
-episodes. Its import path is part of the run's config.yaml, so `lopd train RUN_DIR` resumes it.
+episodes. What built the env is part of the run's config.yaml (`env.name`, `env.options`), in a form that
+resumes from any working directory: a module path as is, a file as its absolute path, an object given to
+`lopd.train(cfg, env=...)` as its class's home (`object_env_name`). A class defined in a script's
+`__main__` (or inside a function) has no home another process can import: its run records it as
+`__main__:Class`, and only that script can resume it, by passing the object again.
 """
 
 from __future__ import annotations
@@ -28,14 +32,15 @@ from lopd.envs.toolworld import ToolWorld
 from lopd.envs.toolworld_episodes import ToolWorldEpisodes
 from lopd.errors import ConfigError
 
-ENVS = {
-    "toolworld": lambda cfg: ToolWorld(cfg.toolworld),
-    "toolworld_episodes": lambda cfg: ToolWorldEpisodes(cfg.toolworld),
-    "bfcl": lambda cfg: BFCL(cfg.bfcl),
-    "acebench": lambda cfg: ACEBench(cfg.acebench),
-    "acebench_agent": lambda cfg: ACEBenchAgent(cfg.acebench),
-    "humaneval": lambda cfg: HumanEval(cfg.humaneval),
+ENVS = {  # name -> (class, the EnvConfig section it is built from)
+    "toolworld": (ToolWorld, "toolworld"),
+    "toolworld_episodes": (ToolWorldEpisodes, "toolworld"),
+    "bfcl": (BFCL, "bfcl"),
+    "acebench": (ACEBench, "acebench"),
+    "acebench_agent": (ACEBenchAgent, "acebench"),
+    "humaneval": (HumanEval, "humaneval"),
 }
+PLUGIN_PREFIX = "lopd_plugin_"  # the module name a `file.py:Class` env is imported under
 
 
 def build_env(cfg) -> Env:
@@ -44,7 +49,14 @@ def build_env(cfg) -> Env:
         if cfg.name not in ENVS:
             raise ConfigError(f"env.name: '{cfg.name}' is not one of {', '.join(sorted(ENVS))}, nor an import path "
                               f"'package.module:ClassOrFactory' or 'path/to/file.py:ClassOrFactory' (docs/own_env.md)")
-        return ENVS[cfg.name](cfg)
+        kind, section = ENVS[cfg.name]
+        return kind(getattr(cfg, section))
+    if not importable(cfg.name):
+        cls = cfg.name.rpartition(":")[2].rpartition(".")[2]
+        raise ConfigError(f"env.name: '{cfg.name}' is a class defined in a script's __main__ (or inside a function), "
+                          f"which no other process can import: pass the object from that script again "
+                          f"(`lopd.train(cfg, env={cls}(...))`, `lopd.evaluate(run_dir, env={cls}(...))`), or move "
+                          f"the class into a module or file and set env.name=path/file.py:{cls}")
     factory = import_attribute(cfg.name, "env.name")
     options = dict(cfg.options or {})
     try:
@@ -65,7 +77,7 @@ def import_attribute(path: str, key: str) -> Callable[..., Any]:
         file = Path(module_name)
         if not file.is_file():
             raise ConfigError(f"{key}: '{path}': no such file {file.resolve()}")
-        spec = importlib.util.spec_from_file_location(f"lopd_plugin_{file.stem}", file)
+        spec = importlib.util.spec_from_file_location(f"{PLUGIN_PREFIX}{file.stem}", file)
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         try:
@@ -91,6 +103,45 @@ def import_attribute(path: str, key: str) -> Callable[..., Any]:
     if not callable(target):
         raise ConfigError(f"{key}: '{path}' is a {type(target).__name__}, not a class or factory")
     return target
+
+
+def importable(name: str) -> bool:
+    """False for an env recorded from a class with no importable home (`__main__:Class`, a class defined
+    inside a function); True for a bundled name or an import path."""
+    module, _, attribute = name.rpartition(":")
+    return module != "__main__" and "<locals>" not in attribute
+
+
+def resolved_env_name(name: str) -> str:
+    """`env.name` as a run records it: `path/file.py:Class` with the file's absolute path (so the run resumes
+    from any working directory); a bundled name or `module:Class` as is."""
+    module, _, attribute = name.rpartition(":")
+    if module.endswith(".py") and not Path(module).is_absolute():
+        return f"{Path(module).resolve()}:{attribute}"
+    return name
+
+
+def object_env_name(env: Any, configured: str) -> str:
+    """What built `env`, an object given to `lopd.train`/`lopd.evaluate`, as an `env.name`: a bundled env's
+    name (`configured` if that names the same class), `module:Class` for a class in an importable module,
+    `/abs/file.py:Class` for one imported from a file (`file.py:Class`), and `__main__:Class` (or
+    `module:f.<locals>.Class`) for a class with no importable home, which `build_env` refuses to rebuild."""
+    cls = type(env)
+    bundled = [name for name, (kind, _) in ENVS.items() if kind is cls]
+    if bundled:
+        return configured if configured in bundled else bundled[0]
+    module = sys.modules.get(cls.__module__)
+    if cls.__module__.startswith(PLUGIN_PREFIX) and getattr(module, "__file__", None):
+        return f"{Path(module.__file__).resolve()}:{cls.__qualname__}"
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def record_bundled_settings(env: Any, cfg) -> None:
+    """A bundled env object's own settings (its `config`) into `cfg`'s section for it (`env.toolworld`, ...),
+    so the run directory says which tasks it trained on."""
+    kind, section = ENVS.get(cfg.name, (None, None))
+    if kind is type(env) and isinstance(getattr(env, "config", None), type(getattr(cfg, section))):
+        setattr(cfg, section, env.config)
 
 
 REQUIRED = ("tasks", "score")
@@ -120,4 +171,5 @@ def _parameters(factory) -> str:
         return ""
 
 
-__all__ = ["DataError", "ENVS", "Env", "Score", "Task", "build_env", "check_env", "import_attribute"]
+__all__ = ["DataError", "ENVS", "Env", "Score", "Task", "build_env", "check_env", "import_attribute", "importable",
+           "object_env_name", "resolved_env_name"]

@@ -42,6 +42,12 @@ class Score:
 
 @runtime_checkable
 class Env(Protocol):
+    """What lopd calls on an env. Required: `tasks` and `score` (a multi-turn env: `tasks`, `step`,
+    `score_episode`). Optional: `name` (default: the class's name), `splits` (named in error messages),
+    `reference` (needed by OPSD alone, which refuses to start without it; evaluation shows it when there),
+    `score_many`, `score_modes` (docs/own_env.md). Rewards must be finite numbers: a method that raises or
+    a non-finite reward stops the run with one line naming the method and the task."""
+
     name: str
 
     def splits(self) -> Sequence[str]: ...
@@ -51,7 +57,7 @@ class Env(Protocol):
     def score(self, task: Task, completion: str) -> Score: ...
 
     def reference(self, task: Task) -> str:
-        """The task's reference answer written as the policy should write it (OPSD's context)."""
+        """Optional: the task's reference answer written as the policy should write it (OPSD's context)."""
         ...
 
 

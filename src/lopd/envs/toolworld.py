@@ -52,7 +52,7 @@ class ToolWorldConfig:
     hidden_per_tool: int = 2  # at most this many parameters per tool leave their convention undocumented
     distractors: int = 1  # other tools shown next to the right one
     reward: RewardMode = RewardMode.binary  # binary: 1 if the call is right; partial: fraction of right arguments
-    data_dir: str | None = None  # read {train,test,transfer}.jsonl from here instead of generating
+    data_dir: str | None = None  # read {train,val,test,transfer}.jsonl from here instead of generating (those used)
 
 
 # ----------------------------------------------------------------------------------- tools
