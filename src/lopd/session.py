@@ -17,8 +17,8 @@ from typing import Any, Sequence
 import torch
 
 from lopd import dist, fsdp
-from lopd.algorithms import Algorithm, build_algorithm
-from lopd.config import AlgorithmName, Config, RolloutEngine
+from lopd.algorithms import REGISTRY, Algorithm, build_algorithm
+from lopd.config import Config, RolloutEngine
 from lopd.dist import World
 from lopd.envs import Env, Task, build_env, object_env_name, record_bundled_settings, resolved_env_name
 from lopd.errors import ConfigError, LopdError
@@ -55,9 +55,6 @@ class Session:
     engine: Any = None  # what samples the rollouts (lopd.engines: HFGenerate, RolloutSync)
     resumed_from: Path | None = None  # the checkpoint `restore` loaded
     resuming: bool = False  # the run directory existed before this process (a resume or an extension)
-
-
-NEEDS_REFERENCE = {AlgorithmName.opsd: "its teacher reads each task's reference answer"}  # -> env.reference(task)
 
 
 def tasks_for_step(tasks: Sequence[Task], step: int, per_step: int, seed: int) -> list[Task]:
@@ -145,13 +142,13 @@ def bound_run(cfg: Config, env: Env | None, world: World) -> tuple[Env, RunDir]:
 
 
 def check_contract(cfg: Config, env: Env) -> None:
-    """What the configured algorithm needs of the env beyond `tasks` and `score`, refused before the first
-    step: `reference(task)` for OPSD (`NEEDS_REFERENCE`); it is optional everywhere else."""
-    why = NEEDS_REFERENCE.get(cfg.algorithm.name)
-    if why and not callable(getattr(env, "reference", None)):
-        raise ConfigError(f"algorithm.name: {cfg.algorithm.name.value} needs env.reference(task) ({why}), and "
-                          f"{type(env).__name__} has no reference method: add one (docs/own_env.md) or train "
-                          f"with another algorithm")
+    """What the configured algorithm needs of the env beyond `tasks` and `score` (`Algorithm.env_methods`,
+    e.g. OPSD's `reference(task)`, optional everywhere else), refused before the first step."""
+    for method, why in REGISTRY[cfg.algorithm.name].env_methods.items():
+        if not callable(getattr(env, method, None)):
+            raise ConfigError(f"algorithm.name: {cfg.algorithm.name} needs env.{method}(task) ({why}), and "
+                              f"{type(env).__name__} has no {method} method: add one (docs/own_env.md) or train "
+                              f"with another algorithm")
 
 
 def check_shardable(cfg: Config, env: Env) -> None:

@@ -99,6 +99,7 @@ class Algorithm:
     """Base class; subclasses set `name` and implement `build_context`, `units` and `loss`."""
 
     name: str = ""
+    env_methods: dict[str, str] = {}  # env methods beyond tasks/score it needs -> why (checked before the first step)
 
     def __init__(self, cfg: "Config"):
         self.cfg = cfg

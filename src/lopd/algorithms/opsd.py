@@ -14,6 +14,7 @@ from lopd.prompts import context_reference
 
 class OPSD(SelfDistillation):
     name = "opsd"
+    env_methods = {"reference": "its teacher reads each task's reference answer"}
 
     def privileged_contexts(self, batch, step):
         return [context_reference(self.env.reference(task)) for task in batch.tasks]
