@@ -6,7 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lopd.microbatch import activation_bytes_per_token, kept_bytes_per_token, plan, token_budget
+from lopd import microbatch
+from lopd.microbatch import activation_bytes_per_token, kept_bytes_per_token, largest_kept_bytes, plan, token_budget
 
 
 @settings(max_examples=200, deadline=None)
@@ -46,6 +47,22 @@ def test_the_plan_of_two_forwards_by_hand():
     assert [g.tolist() for g in plan(both, completions, torch.arange(3), 0, 120)] == [[0, 2], [1]]
     assert [g.tolist() for g in plan(both, completions, torch.arange(3), 0, 119)] == [[2], [0, 1]]  # 2 x (10+5 + 30+5) = 100
     assert [g.tolist() for g in plan(prompts, completions, torch.arange(3), 0, 45)] == [[0, 1, 2]]  # 3 x (10 + 5)
+
+    assert plan(both, completions, torch.arange(3), 0, 0)[0].tolist() == [0, 1, 2]
+
+
+def test_the_largest_micro_batch_by_hand(monkeypatch):
+    """What one micro-batch keeps at most: every row padded together (3 x (10+5 + 40+5) = 180 tokens for the
+    two forwards above), capped by the token limit, at the bytes per token of the longest row (its teacher prompt 40 + 2 = 42)."""
+    lengths = []
+    monkeypatch.setattr(microbatch, "kept_bytes_per_token", lambda model, n: lengths.append(n) or 7)
+    prompts, teacher, completions = torch.tensor([10, 8, 9]), torch.tensor([30, 8, 40]), torch.tensor([5, 5, 2])
+    both = torch.stack([prompts, teacher])
+    assert largest_kept_bytes(None, both, completions, 0) == 7 * 180
+    assert largest_kept_bytes(None, both, completions, 120) == 7 * 120
+    assert largest_kept_bytes(None, prompts, completions, 0) == 7 * 3 * 15
+    assert lengths == [42, 42, 15]
+    assert largest_kept_bytes(None, prompts[:0], completions[:0], 0) == 0
 
 
 def test_the_budget_scales_with_memory_and_halves_for_two_kept_forwards(tiny):

@@ -165,3 +165,26 @@ def test_dual_ascent_reads_the_whole_minibatch_so_lambda_does_not_depend_on_the_
     assert constraints[0] != 0 and abs(lams[0] - 1.0) > 1e-3  # it moved
     assert abs(lams[0] - lams[1]) < 1e-7 and abs(constraints[0] - constraints[1]) < 1e-7, (lams, constraints)
     assert lams[0] == pytest.approx(1.0 + 0.5 * constraints[0], abs=1e-12)
+
+
+def test_host_memory_is_returned_only_where_the_activations_make_it_pay(toolworld):
+    """`train.return_host_memory` applies when one micro-batch keeps at least `return_host_memory_from_gib`
+    of activations (the planner's measure): not this small batch at the default 4 GiB, always at 0, never
+    when off, and the update is bit for bit the same every way."""
+    calls = []
+    real = update.__globals__["host_memory"].activations_returned
+
+    def spy(enabled=True):
+        calls.append(enabled)
+        return real(enabled)
+
+    results = {}
+    for name, overrides in {"default": [], "always": ["train.return_host_memory_from_gib=0"],
+                            "off": ["train.return_host_memory=false", "train.return_host_memory_from_gib=0"]}.items():
+        with mock.patch("lopd.host_memory.activations_returned", spy):
+            results[name] = _updated(toolworld, "grpo", overrides)
+    assert calls == [False, True, False]
+    assert [r[1]["memory/returned_to_os"] for r in results.values()] == [0.0, 1.0, 0.0]
+    for other in ("always", "off"):
+        for a, b in zip(results["default"][0], results[other][0]):
+            assert torch.equal(a, b)

@@ -346,10 +346,16 @@ class TrainConfig:
     activation_checkpointing: bool = _help("recompute the policy's decoder layers in the backward pass (less memory, "
                                            "one more forward)", False)
     return_host_memory: bool = _help("on a CPU, give every freed buffer of 1 MiB or more back to the OS during the "
-                                     "update (glibc's mmap threshold pinned for the phase, src/lopd/host_memory.py): "
-                                     "resident memory follows the live tensors instead of the heap's high-water mark, "
-                                     "half the peak on SmolLM2-135M; no effect on the numbers, on a GPU or off glibc",
-                                     True)
+                                     "update (glibc's mmap threshold pinned for the phase, src/lopd/host_memory.py) "
+                                     "when one micro-batch keeps at least train.return_host_memory_from_gib of "
+                                     "activations: resident memory follows the live tensors instead of the heap's "
+                                     "high-water mark, half the peak on SmolLM2-135M; no effect on the numbers, on a "
+                                     "GPU or off glibc", True)
+    return_host_memory_from_gib: float = _help("the activations one micro-batch keeps (the planner's measure) from "
+                                               "which train.return_host_memory applies: below it the mappings' page "
+                                               "faults cost more time than the heap costs memory (the tiny "
+                                               "policy's update, about 2 GiB, ran a quarter slower with it); 0: "
+                                               "every update", 4.0)
     fsdp: bool = _help("shard every decoder layer of a full fine-tune (and of its teachers' weight copies) over the "
                        "ranks with FSDP2 (docs/scaling.md); one process: no effect", False)
     seed: int = _help("seeds sampling, initialisation and task order", 0)
@@ -584,6 +590,7 @@ RANGES = [  # (dotted key, lowest, highest, inclusive at the bottom): values the
     ("train.micro_batch_size", 0, float("inf"), True),
     ("train.micro_batch_tokens", 0, float("inf"), True),
     ("train.memory_budget_gib", 0, float("inf"), False),
+    ("train.return_host_memory_from_gib", 0.0, float("inf"), True),
     ("train.epochs_per_batch", 1, float("inf"), True),
     ("train.minibatches", 1, float("inf"), True),
     ("train.max_bad_steps", 1, float("inf"), True),

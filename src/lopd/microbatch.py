@@ -106,6 +106,20 @@ def token_budget(model, device: torch.device, budget_gib: float, sequence_length
     return max(1, int((budget - trained_state_bytes(model)) // per_token))
 
 
+def largest_kept_bytes(model, prompt_lengths: Tensor, completion_lengths: Tensor, max_tokens: int,
+                       measure: bool = True) -> int:
+    """An upper bound on the activations one micro-batch of these rows keeps: all the rows padded into one
+    micro-batch (prompt_lengths [F, B] as in `plan`, completion_lengths [B]), at most `max_tokens` (0: no
+    limit), at the bytes per token `token_budget` plans with."""
+    if completion_lengths.numel() == 0:
+        return 0
+    prompts = prompt_lengths.reshape(-1, prompt_lengths.shape[-1])  # [F, B]
+    longest = int((prompts + completion_lengths).max())
+    padded = completion_lengths.numel() * int((prompts.max(-1).values + completion_lengths.max()).sum())
+    per_token = kept_bytes_per_token(model, longest) if measure else activation_bytes_per_token(model, longest)
+    return per_token * (min(padded, max_tokens) if max_tokens else padded)
+
+
 def plan(prompt_lengths: Tensor, completion_lengths: Tensor, index: Tensor, max_rows: int, max_tokens: int) -> list[Tensor]:
     """Split the rows `index` into micro-batches of at most `max_rows` rows (0: no limit) whose padded size
     stays within `max_tokens` (0: no limit); longest first. prompt_lengths: [B], or [F, B] for F forwards

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from lopd import dist, failpoints, fsdp, microbatch
+from lopd import dist, failpoints, fsdp, host_memory, microbatch
 from lopd.algorithms import Algorithm, Context
 from lopd.algorithms.base import Term
 from lopd.config import Config, head_dtype_of
@@ -56,66 +56,69 @@ def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatc
     shared = {"health/skipped_steps": 0.0, "optim/grad_norm": 0.0}  # identical on every rank
     bad_losses = 0.0
     steps = 0
-    for epoch in range(epochs):
-        global_n = local_n * world.size
-        order = torch.randperm(global_n) if t.minibatches > 1 else torch.arange(global_n)
-        for mb_global in order.chunk(t.minibatches):
-            mb_index = mb_global[(mb_global >= first) & (mb_global < first + local_n)] - first
-            optimizer.zero_grad(set_to_none=True)
-            rows, rows_ctx = batch.select(mb_index), ctx.select(mb_index)
-            counts = dist.all_sum(world, unit_counts(algorithm.units(rows, rows_ctx)))  # each term's denominator
-            live = algorithm.live_rows(rows, rows_ctx) if t.skip_zero_loss_rows else torch.ones(len(rows), dtype=torch.bool)
-            finite = True
-            micros = microbatch.plan(kept_prompts, completion_len, mb_index[live], t.micro_batch_size, max_tokens)
-            if not micros and len(mb_index):  # no row left to learn from: one row's exactly-zero gradient, so
-                micros = [None]  # every parameter the loss reaches gets its 0, as if all rows had run
-            if sharded:  # every rank runs as many forwards/backwards: the extra ones weigh nothing
-                micros += [None] * (int(dist.all_max(world, len(micros))) - len(micros))
-            covered = Coverage()
-            for micro in micros:
-                zero = micro is None
-                if zero:
-                    micro = mb_index[:1] if len(mb_index) else torch.zeros(1, dtype=torch.long)  # its loss x 0
-                mb = batch.select(micro).trimmed().to(device)
-                mctx = ctx.select(micro).to(device).for_pass(epoch)
-                student = score_completions(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
-                                            mb.completion_mask, completion_attention=mb.completion_attention,
-                                            temperature=cfg.rollout.temperature, head_dtype=head_dtype_of(cfg))
-                terms = algorithm.loss(mb, mctx, student)
-                loss = loss_of(terms, counts)  # this micro-batch's share of the minibatch's loss
-                good = bool(torch.isfinite(loss.detach()))
-                if not good:
-                    finite = False
-                    bad_losses += 0 if zero else 1  # a zero-weight stand-in repeats a row counted already
-                    if not sharded:  # sharded: the backward still runs (its collectives); the step is skipped
-                        continue
-                if loss.requires_grad:  # a pass may train nothing (a frozen composer's composer-only pass)
-                    (loss * 0.0 if zero else loss).backward()
-                failpoints.reached("update")
-                if good and not zero:
-                    covered.add(terms)
-            if finite:
-                covered.check(algorithm, rows, rows_ctx, live)
-            sums.update({f"{steps}\0{k}": v for k, v in covered.sums.items()})
-            steps += 1
-            finite = not dist.any_true(world, not finite)
-            if sharded:  # FSDP has summed the layers' gradients; the replicated ones are summed here
-                dist.sum_gradients(world, fsdp.replicated(params))
-                norm = fsdp.clip_grad_norm_(params, max_norm)
-            else:
-                dist.sum_gradients(world, params)
-                norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-            if not finite or not bool(torch.isfinite(norm)):
+    return_memory = t.return_host_memory and device.type == "cpu" and microbatch.largest_kept_bytes(
+        model, kept_prompts, completion_len, max_tokens, measure=not sharded) >= t.return_host_memory_from_gib * 2**30
+    with host_memory.activations_returned(return_memory):  # freed buffers go back to the OS where it pays
+        for epoch in range(epochs):
+            global_n = local_n * world.size
+            order = torch.randperm(global_n) if t.minibatches > 1 else torch.arange(global_n)
+            for mb_global in order.chunk(t.minibatches):
+                mb_index = mb_global[(mb_global >= first) & (mb_global < first + local_n)] - first
                 optimizer.zero_grad(set_to_none=True)
-                shared["health/skipped_steps"] += 1
-                continue
-            shared["optim/grad_norm"] += float(norm) / passes
-            optimizer.step()
-            scheduler.step()
-            algorithm.after_step()
+                rows, rows_ctx = batch.select(mb_index), ctx.select(mb_index)
+                counts = dist.all_sum(world, unit_counts(algorithm.units(rows, rows_ctx)))  # each term's denominator
+                live = algorithm.live_rows(rows, rows_ctx) if t.skip_zero_loss_rows else torch.ones(len(rows), dtype=torch.bool)
+                finite = True
+                micros = microbatch.plan(kept_prompts, completion_len, mb_index[live], t.micro_batch_size, max_tokens)
+                if not micros and len(mb_index):  # no row left to learn from: one row's exactly-zero gradient, so
+                    micros = [None]  # every parameter the loss reaches gets its 0, as if all rows had run
+                if sharded:  # every rank runs as many forwards/backwards: the extra ones weigh nothing
+                    micros += [None] * (int(dist.all_max(world, len(micros))) - len(micros))
+                covered = Coverage()
+                for micro in micros:
+                    zero = micro is None
+                    if zero:
+                        micro = mb_index[:1] if len(mb_index) else torch.zeros(1, dtype=torch.long)  # its loss x 0
+                    mb = batch.select(micro).trimmed().to(device)
+                    mctx = ctx.select(micro).to(device).for_pass(epoch)
+                    student = score_completions(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
+                                                mb.completion_mask, completion_attention=mb.completion_attention,
+                                                temperature=cfg.rollout.temperature, head_dtype=head_dtype_of(cfg))
+                    terms = algorithm.loss(mb, mctx, student)
+                    loss = loss_of(terms, counts)  # this micro-batch's share of the minibatch's loss
+                    good = bool(torch.isfinite(loss.detach()))
+                    if not good:
+                        finite = False
+                        bad_losses += 0 if zero else 1  # a zero-weight stand-in repeats a row counted already
+                        if not sharded:  # sharded: the backward still runs (its collectives); the step is skipped
+                            continue
+                    if loss.requires_grad:  # a pass may train nothing (a frozen composer's composer-only pass)
+                        (loss * 0.0 if zero else loss).backward()
+                    failpoints.reached("update")
+                    if good and not zero:
+                        covered.add(terms)
+                if finite:
+                    covered.check(algorithm, rows, rows_ctx, live)
+                sums.update({f"{steps}\0{k}": v for k, v in covered.sums.items()})
+                steps += 1
+                finite = not dist.any_true(world, not finite)
+                if sharded:  # FSDP has summed the layers' gradients; the replicated ones are summed here
+                    dist.sum_gradients(world, fsdp.replicated(params))
+                    norm = fsdp.clip_grad_norm_(params, max_norm)
+                else:
+                    dist.sum_gradients(world, params)
+                    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+                if not finite or not bool(torch.isfinite(norm)):
+                    optimizer.zero_grad(set_to_none=True)
+                    shared["health/skipped_steps"] += 1
+                    continue
+                shared["optim/grad_norm"] += float(norm) / passes
+                optimizer.step()
+                scheduler.step()
+                algorithm.after_step()
     values = term_values(dist.sum_union(world, sums), passes)
     metrics = {**values, "health/nonfinite_losses": dist.all_sum(world, {"n": bad_losses})["n"], **shared,
-               "optim/lr": scheduler.get_last_lr()[0]}
+               "optim/lr": scheduler.get_last_lr()[0], "memory/returned_to_os": float(return_memory)}
     metrics.update(algorithm.after_update(values))
     return metrics
 
