@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-faults bench install clean
+.PHONY: demo test test-slow test-faults test-docs bench install clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ test: $(STAMP)
 # the slow fault-injection (every failpoint, random kills) and distributed/FSDP suites: CI runs them after `make test`
 test-faults: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow -n $(TEST_WORKERS) --dist load --durations=10 tests/test_faults.py tests/test_dist.py tests/test_fsdp.py
+
+# every command and snippet of README.md and docs/*.md, run as written at a tiny budget: CI runs it last
+test-docs: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow -n $(TEST_WORKERS) --dist load --durations=10 tests/test_docs.py
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow

@@ -1,7 +1,13 @@
-"""A complete lopd environment in about 30 lines: convert quantities with three tools whose units are enums.
+"""A complete lopd environment in about 40 lines: convert quantities with three tools whose units are enums.
 
+    lopd train --config examples/unit_converter_smollm2.yaml      # SmolLM2-135M-Instruct + LoRA learns it
     lopd train --config grpo env.name=examples/unit_converter.py:UnitConverter env.eval_splits=test
     lopd train --config lopd env.name=examples/unit_converter.py:UnitConverter env.options.n=400 env.eval_splits=test
+
+Three worked examples come before each request as chat turns (SHOTS): without them SmolLM2-135M-Instruct
+answers in prose (0 of 32 train tasks); with them it makes the call on 62% of them greedily, and sampled at
+0.7 most groups of 8 have reward variance, which is what GRPO learns from (docs/own_env.md). The bundled tiny
+policy knows only ToolWorld's tools and scores 0 here either way.
 
 See docs/own_env.md for the protocol (tasks, score, reference) and the call-syntax helpers used here.
 """
@@ -14,6 +20,11 @@ from lopd.envs.calls import Call, ParseFailure, parse_calls, render_calls
 TOOLS = {"convert_length": ["mm", "cm", "m", "km"], "convert_mass": ["g", "kg", "t"], "convert_time": ["s", "min", "h"]}
 SYSTEM = "You call tools. Reply with exactly one call: tool_name(arg=value, ...).\nTools:\n" + "\n".join(
     f'{name}(value: number, source: "{"|".join(units)}", target: "{"|".join(units)}")' for name, units in TOOLS.items())
+SHOTS = [("How many g is 3 kg?", 'convert_mass(value=3, source="kg", target="g")'),  # (request, the call)
+         ("How many min is 120 s?", 'convert_time(value=120, source="s", target="min")'),
+         ("How many km is 5000 m?", 'convert_length(value=5000, source="m", target="km")')]
+TURNS = tuple(turn for request, call in SHOTS for turn in ({"role": "user", "content": request},
+                                                            {"role": "assistant", "content": call}))
 
 
 class UnitConverter:
@@ -27,8 +38,8 @@ class UnitConverter:
             source, target = rng.sample(TOOLS[tool], 2)
             value = rng.randint(1, 999)
             call = Call(tool, {"value": value, "source": source, "target": target})
-            self.rows.append(Task(f"unit-{i}", ({"role": "system", "content": SYSTEM},
-                                                {"role": "user", "content": f"How many {target} is {value} {source}?"}),
+            request = {"role": "user", "content": f"How many {target} is {value} {source}?"}
+            self.rows.append(Task(f"unit-{i}", ({"role": "system", "content": SYSTEM}, *TURNS, request),
                                   call.arguments | {"name": tool}, category=tool))
 
     def splits(self):
