@@ -32,7 +32,7 @@ test-faults: $(STAMP)
 
 # every command and snippet of README.md and docs/*.md, run as written at a tiny budget: CI runs it last
 test-docs: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow -n $(TEST_WORKERS) --dist load --durations=10 tests/test_docs.py
+	$(BIN)/python -m pytest -q -m slow -n $(TEST_WORKERS) --dist loadgroup --durations=10 tests/test_docs.py
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow

@@ -265,7 +265,9 @@ def run_python(item: Item, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("item", ITEMS, ids=[f"{i.id} {i.text.splitlines()[0][:50]}" for i in ITEMS])
+# A page's items run in its order, in one process (`--dist loadgroup`): README.md:53 evaluates the run :51 trained
+@pytest.mark.parametrize("item", [pytest.param(i, id=f"{i.id} {i.text.splitlines()[0][:50]}",
+                                               marks=pytest.mark.xdist_group(i.page)) for i in ITEMS])
 def test_the_docs_run_as_written(item: Item, workdirs, tmp_path):
     cwd = workdirs[item.page]
     if item.key(NOT_RUN) and not item.key(SUBSTITUTES):
