@@ -30,9 +30,10 @@ test: $(STAMP)
 test-faults: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow -n $(TEST_WORKERS) --dist load --durations=10 tests/test_faults.py tests/test_dist.py tests/test_fsdp.py
 
-# every command and snippet of README.md and docs/*.md, run as written at a tiny budget: CI runs it last
+# every command and snippet of README.md and docs/*.md, run as written at a tiny budget (each page in its order,
+# README.md beside the guides): CI runs it last
 test-docs: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow -n $(TEST_WORKERS) --dist loadgroup --durations=10 tests/test_docs.py
+	$(BIN)/python -m pytest -q -m slow -n $(TEST_WORKERS) --dist loadfile --durations=10 tests/test_docs.py tests/test_docs_guides.py
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow

@@ -211,17 +211,18 @@ def test_every_block_is_run_or_accounted_for():
             assert len(matching) == 1, (key, matching)
 
 
-@pytest.fixture(scope="module")
-def workdirs(tmp_path_factory):
-    """One scratch directory per page, like the repository's root: configs/ and examples/ linked in."""
-    class Dirs(dict):
-        def __missing__(self, page):
-            d = tmp_path_factory.mktemp(Path(page).stem)
-            for name in ("configs", "examples"):
-                (d / name).symlink_to(ROOT / name)
-            self[page] = d
-            return d
-    return Dirs()
+_WORKDIRS: dict[str, Path] = {}  # page -> its scratch directory for the session: a page's later commands read what
+# its earlier ones wrote (README.md:53 evaluates the run README.md:51 trained)
+
+
+def workdir(page: str, tmp_path_factory) -> Path:
+    """The page's scratch directory, like the repository's root: configs/ and examples/ linked in."""
+    if page not in _WORKDIRS:
+        d = tmp_path_factory.mktemp(Path(page).stem)
+        for name in ("configs", "examples"):
+            (d / name).symlink_to(ROOT / name)
+        _WORKDIRS[page] = d
+    return _WORKDIRS[page]
 
 
 def _environment() -> dict:
@@ -264,12 +265,9 @@ def run_python(item: Item, cwd: Path) -> subprocess.CompletedProcess:
                           env=_environment(), timeout=900)
 
 
-@pytest.mark.slow
-# A page's items run in its order, in one process (`--dist loadgroup`): README.md:53 evaluates the run :51 trained
-@pytest.mark.parametrize("item", [pytest.param(i, id=f"{i.id} {i.text.splitlines()[0][:50]}",
-                                               marks=pytest.mark.xdist_group(i.page)) for i in ITEMS])
-def test_the_docs_run_as_written(item: Item, workdirs, tmp_path):
-    cwd = workdirs[item.page]
+def check_item(item: Item, tmp_path_factory, tmp_path: Path) -> None:
+    """Run one command or snippet as written (or check the listing or data it is), in its page's directory."""
+    cwd = workdir(item.page, tmp_path_factory)
     if item.key(NOT_RUN) and not item.key(SUBSTITUTES):
         pytest.skip(f"not run here: {NOT_RUN[item.key(NOT_RUN)]}")
     if item.key(REQUIRES) and (missing := REQUIRES[item.key(REQUIRES)]()):
@@ -285,3 +283,15 @@ def test_the_docs_run_as_written(item: Item, workdirs, tmp_path):
         return
     out = run_shell(item, cwd) if item.kind == "shell" else run_python(item, cwd)
     assert out.returncode == 0, f"{item.id}: {item.text}\n--- stdout\n{out.stdout[-3000:]}\n--- stderr\n{out.stderr[-3000:]}"
+
+
+def item_id(item: Item) -> str:
+    return f"{item.id} {item.text.splitlines()[0][:50]}"
+
+
+# README.md's items, in its order, in one process: `make test-docs` distributes by file (--dist loadfile) and
+# the guides of docs/ are tests/test_docs_guides.py's
+@pytest.mark.slow
+@pytest.mark.parametrize("item", [i for i in ITEMS if i.page == "README.md"], ids=item_id)
+def test_the_readme_runs_as_written(item: Item, tmp_path_factory, tmp_path):
+    check_item(item, tmp_path_factory, tmp_path)
