@@ -72,8 +72,9 @@ def _release_sessions():
         _SESSIONS.pop().run.release()
 
 
-def session_for(overrides=(), env=None, run_dir=None):
-    """A wired training session (`lopd.session.build`) on the tiny policy, seeded; its run directory (where
+def session_for(overrides=(), env=None, run_dir=None, config=None):
+    """A wired training session (`lopd.session.build`) of `config` (default: the bundled default) on the
+    tiny policy, seeded; its run directory (where
     LOPD's bank and Skill-SD's library live) is `run_dir` or a fresh folder under pytest's temporary root
     (removed with it); its lock is released when the test ends."""
     import tempfile
@@ -82,7 +83,7 @@ def session_for(overrides=(), env=None, run_dir=None):
     from lopd.session import build
 
     folder = run_dir if run_dir is not None else tempfile.mkdtemp(prefix="session-", dir=_SESSION_ROOT[0])
-    session = build(load_config(None, list(overrides) + [f"run.dir={folder}"]), env=env)
+    session = build(load_config(config, list(overrides) + [f"run.dir={folder}"]), env=env)
     _SESSIONS.append(session)
     return session
 

@@ -230,6 +230,39 @@ def cmd_probe(args) -> int:
     return 0
 
 
+def cmd_pretrain_compressor(args) -> int:
+    from dataclasses import fields
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from lopd.latent.pretrain import PretrainSettings, pretrain_compressor
+
+    cfg = load_config(config_path(args.config), args.overrides)
+    settings = PretrainSettings(**{f.name: getattr(args, f.name) for f in fields(PretrainSettings)
+                                   if getattr(args, f.name, None) is not None})
+    shown = {"loss": "-", "ratio": "-"}
+    with Progress(TextColumn("[bold]compressor"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("steps  KL {task.fields[loss]}  held-out KL ratio {task.fields[ratio]}"),
+                  TimeElapsedColumn(), TimeRemainingColumn(), disable=not sys.stderr.isatty()) as bar:
+        task = bar.add_task("", total=settings.steps, **shown)
+
+        def progress(row: dict) -> None:
+            shown["loss"] = f"{row['loss/cd']:.3f}"
+            if "held_out_kl_ratio" in row:
+                shown["ratio"] = f"{row['held_out_kl_ratio']:.2f}"
+                if not sys.stderr.isatty():
+                    print(f"step {row['step']}: KL {row['loss/cd']:.4f}, held-out KL ratio {row['held_out_kl_ratio']:.3f}",
+                          flush=True)
+            bar.update(task, completed=row["step"], **shown)
+
+        meta = pretrain_compressor(cfg, settings, args.out, progress)
+    out = Path(args.out) / "compressor.pt"
+    print(f"held-out KL(text || slots) / KL(text || none): {meta['held_out_kl_ratio_at_start']:.3f} at the start, "
+          f"{meta['held_out_kl_ratio']:.3f} after {meta['steps']} steps\ncompressor: {out}\n"
+          f"use it: lopd train --config {args.config} algorithm.lopd.compressor_init={out}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     import shutil
 
@@ -307,7 +340,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lopd", description=__doc__, formatter_class=HelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,compare,bank,inspect,probe,demo}",
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,compare,bank,inspect,probe,pretrain-compressor,demo}",
                                 parser_class=Parser)
 
     p = sub.add_parser("train", help="train a policy (or resume a run directory)", formatter_class=HelpFormatter,
@@ -383,8 +416,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bank-rollouts", dest="bank_rollouts", type=int, help="rollouts in the bank (default 2048)")
     p.add_argument("--early-rollouts", dest="early_rollouts", type=int, help="the early bank's rollouts (default 176)")
     p.add_argument("--latent-steps", dest="latent_steps", type=int, help="compressor training steps (default 200)")
+    p.add_argument("--compressor", help="a compressor.pt from `lopd pretrain-compressor`, for the latent:pretrained source")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=cmd_probe)
+
+    p = sub.add_parser("pretrain-compressor", formatter_class=HelpFormatter,
+                       help="train LOPD's compressor by context distillation before any RL (no env reward)",
+                       description="Train a compressor of algorithm.lopd.latent_tokens slots to make the frozen teacher "
+                                   "reading its slots match the teacher reading the text context (KL per token on the "
+                                   "policy's own samples), on a corpus that costs no env reward: ToolWorld's sft-pool "
+                                   "tools with same-tool calls as context, or your JSONL of {messages, context} rows "
+                                   "(lopd/latent/pretrain.py). Resumable. Then: lopd train --config lopd_compressor "
+                                   "algorithm.lopd.compressor_init=OUT/compressor.pt")
+    p.add_argument("--out", required=True, help="folder for compressor.pt, pretrain.jsonl and the resumable state.pt")
+    p.add_argument("--config", default="lopd_compressor",
+                   help="YAML config or bundled name for the model, K and decoding (default: lopd_compressor)")
+    p.add_argument("--steps", type=int, help="optimizer steps (default 300)")
+    p.add_argument("--corpus", help="`toolworld` (default) or a .jsonl of {\"messages\": [...], \"context\": \"...\"} rows")
+    p.add_argument("--lr", type=float, help="AdamW learning rate (default 1e-3)")
+    p.add_argument("--prompts-per-step", dest="prompts_per_step", type=int, help="corpus prompts per step (default 8)")
+    p.add_argument("--group", type=int, help="completions sampled per prompt (default 4)")
+    p.add_argument("--held-out", dest="held_out", type=int, help="corpus prompts held out for the KL ratio (default 32)")
+    p.add_argument("--eval-every", dest="eval_every", type=int, help="steps between held-out measurements (default 50)")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.set_defaults(func=cmd_pretrain_compressor)
 
     p = sub.add_parser("demo", formatter_class=HelpFormatter, help="LOPD against GRPO and the self-distillation baselines on the bundled task",
                        description="The showcase: trains the bundled tiny policy on ToolWorld with GRPO, OPSD, SDPO, "

@@ -11,6 +11,8 @@ training temperature), for each context source:
                                 after a step or two)
     latent:K<K>[:<key>:k<k>]    the compressor's K slots for the same experiences, after `latent_steps` steps
                                 of context distillation toward the text teacher on the bank's trajectories
+    latent:pretrained[:<key>:k<k>]   the slots of the compressor `--compressor` names (`lopd pretrain-compressor`:
+                                trained before any RL, on no env reward), as it is
 
 it reports, with Delta(y) = mean_t [log pi_T(y_t | c, ...) - log pi_0(y_t | ...)] (the student is pi_0 here,
 so this is also the teacher's gain over the student):
@@ -45,6 +47,8 @@ from lopd import losses
 from lopd.config import Config, DistillEstimator, RetrievalKey
 from lopd.envs import build_env
 from lopd.latent.memory import ExperienceMemory
+from lopd.latent.pretrain import compress_texts, new_compressor, pretrained_compressor
+from lopd.errors import ConfigError
 from lopd.models import load_policy
 from lopd.prompts import context_reference, encode_prompt
 from lopd.rollout import RolloutBatch, sample, sample_and_score
@@ -67,6 +71,7 @@ class ProbeSettings:
     latent_steps: int = 200  # context-distillation steps of the compressor on the bank's trajectories
     latent_rows: int = 32  # trajectories per step
     latent_lr: float = 1e-3
+    compressor: str | None = None  # the compressor.pt that `latent:pretrained` reads
 
 
 def auc_within_groups(delta: Sequence[float], success: Sequence[bool], group: Sequence[int]) -> float:
@@ -229,7 +234,12 @@ class Probe:
         text_source = ":".join(text) or "task_tools:k2"
         key, k = text_source.split(":")[:2]
         memory = self.memory(RetrievalKey(key), int(k.removeprefix("k")), False)
-        compressor = self.train_compressor(memory, int(K.removeprefix("K")))
+        if K == "pretrained":
+            if not self.s.compressor:
+                raise ConfigError("probe source latent:pretrained needs --compressor PATH (a compressor.pt)")
+            compressor = pretrained_compressor(self.cfg, self.s.compressor)
+        else:
+            compressor = self.train_compressor(memory, int(K.removeprefix("K")))
         contexts, per_task = self.contexts(text_source)
         with torch.no_grad():
             slots = self.compress(compressor, contexts)
@@ -243,24 +253,12 @@ class Probe:
                                                            over_context=False),
                                                max_new_tokens=self.cfg.rollout.max_new_tokens)
         row["greedy"] = 100 * sum(self.env.score(t, a).success for t, a in zip(tasks, answers)) / len(tasks)
-        row["tokens"] = float(K.removeprefix("K"))
+        row["tokens"] = float(compressor.latent_tokens)
         return {**row, "seconds": time.perf_counter() - start}
 
     def compress(self, compressor, contexts: list[str | None]) -> torch.Tensor:
-        from lopd.rollout import left_pad
-
-        K, H = compressor.latent_tokens, compressor.memory.shape[-1]
-        out = torch.zeros(len(contexts), K, H)
-        unique = list(dict.fromkeys(c for c in contexts if c is not None))
-        if unique:
-            ids, mask = left_pad([self.tokenizer(c, add_special_tokens=False)["input_ids"] for c in unique],
-                                 self.tokenizer.pad_token_id)
-            slots = torch.cat([compressor(ids[i:i + 64], mask[i:i + 64]) for i in range(0, len(unique), 64)])
-            where = {c: i for i, c in enumerate(unique)}
-            for b, c in enumerate(contexts):
-                if c is not None:
-                    out[b] = slots[where[c]]
-        return out
+        with torch.no_grad():
+            return compress_texts(compressor, self.tokenizer, contexts).cpu()
 
     def kl_ratio(self, contexts: list[str | None], slots: torch.Tensor) -> float:
         """KL(text || slots) / KL(text || none) over the trained tokens of the rows with a context."""
@@ -283,12 +281,8 @@ class Probe:
         """`latent_steps` steps of KL(pi_T(.|c) || pi_T(.|slots)) on the bank's own trajectories, each with the
         experiences retrieved for it (never its own group's), AdamW at `latent_lr`."""
         from lopd.algorithms.lopd import experiences_as_text
-        from lopd.latent.composer import Compressor, memory_embeddings
-
         torch.manual_seed(self.cfg.train.seed)
-        table = self.model.get_input_embeddings().weight.detach()
-        compressor = Compressor(copy.deepcopy(self.model).get_decoder(), float(table.norm(dim=-1).mean()),
-                                memory_embeddings(table, K, self.cfg.train.seed), K)
+        compressor = new_compressor(self.cfg, K)
         optimizer = torch.optim.AdamW(compressor.parameters(), lr=self.s.latent_lr)
         pool = [(step, batch) for step, batch in enumerate(self.bank_batches, 1)]
         rng = random.Random(self.cfg.train.seed)
@@ -305,7 +299,7 @@ class Probe:
             mb, contexts = mb.select(keep), [contexts[i] for i in keep.tolist()]
             with torch.no_grad():
                 text = self.teacher.score(mb, contexts)
-            slots = self.compress_train(compressor, contexts)
+            slots = compress_texts(compressor, self.tokenizer, contexts)
             latent, _ = self.teacher.score_latent(mb, contexts, LatentSlots(slots, over_context=False))
             kl = losses.token_divergence(latent, text, jsd0, alpha=0.0)  # [b, T]
             loss = (kl * mb.completion_mask).sum() / mb.completion_mask.sum().clamp(min=1)
@@ -314,15 +308,6 @@ class Probe:
             torch.nn.utils.clip_grad_norm_(compressor.parameters(), 1.0)
             optimizer.step()
         return compressor
-
-    def compress_train(self, compressor, contexts: list[str]) -> torch.Tensor:
-        from lopd.rollout import left_pad
-
-        unique = list(dict.fromkeys(contexts))
-        ids, mask = left_pad([self.tokenizer(c, add_special_tokens=False)["input_ids"] for c in unique],
-                             self.tokenizer.pad_token_id)
-        slots = compressor(ids, mask)
-        return slots[torch.tensor([unique.index(c) for c in contexts])]
 
 
 COLUMNS = [("source", "{}"), ("gain_success", "{:+.3f}"), ("gain_failure", "{:+.3f}"), ("auc", "{:.3f}"),

@@ -50,7 +50,8 @@ from lopd import losses
 from lopd.algorithms.base import Context, Term, measured, rows
 from lopd.algorithms.distill import SelfDistillation
 from lopd.config import ComposerKind, ComposerObjective, DistillEstimator
-from lopd.latent.composer import Composer, Compressor, memory_embeddings, slot_cosine
+from lopd.latent.composer import Composer, Compressor, slot_cosine
+from lopd.latent.pretrain import compress_texts, load_compressor, new_compressor
 from lopd.latent.memory import ExperienceEncoder, ExperienceMemory
 from lopd.errors import ConfigError
 from lopd.prompts import PLACEHOLDER, context_examples, context_span
@@ -115,7 +116,7 @@ class LOPD(RetrievalMixin, SelfDistillation):
         # the compressor warms up on the text teacher first (latent_from_kl_ratio inf: the latent one from the start)
         self.latent = c.composer != ComposerKind.compressor or c.latent_from_kl_ratio == float("inf")
         if c.composer == ComposerKind.compressor:
-            self.composer = self.build_compressor(emb, runtime.get("device", "cpu"))
+            self.composer = self.build_compressor(runtime.get("device", "cpu"))
             self.composer.requires_grad_(c.train_composer)
             return
         filler_id = self.tokenizer("\n", add_special_tokens=False)["input_ids"][0]
@@ -129,18 +130,14 @@ class LOPD(RetrievalMixin, SelfDistillation):
                                  token_queries=c.token_queries).to(runtime.get("device", "cpu"))
         self.composer.requires_grad_(c.train_composer)
 
-    def build_compressor(self, table: torch.Tensor, device) -> Compressor:
-        """A trainable copy of the initial backbone's decoder (loaded afresh: a LoRA policy's base without its
-        adapter), K memory embeddings, and the output map."""
-        from dataclasses import replace as copy_with
-
-        from lopd.models import load_policy
-
+    def build_compressor(self, device) -> Compressor:
+        """A trainable copy of the initial backbone's decoder with K memory embeddings (`new_compressor`), or
+        the pretrained one `compressor_init` names."""
         c = self.cfg.algorithm.lopd
-        model, _ = load_policy(copy_with(self.cfg.model, lora=copy_with(self.cfg.model.lora, enabled=False)), device)
-        return Compressor(model.get_decoder(), float(table.float().norm(dim=-1).mean()),
-                          memory_embeddings(table.cpu(), c.latent_tokens, self.cfg.train.seed),
-                          c.latent_tokens).to(device)
+        compressor = new_compressor(self.cfg, c.latent_tokens, device)
+        if c.compressor_init:
+            load_compressor(compressor, c.compressor_init, self.cfg.model.name)
+        return compressor
 
     @property
     def compresses(self) -> bool:
@@ -230,23 +227,8 @@ class LOPD(RetrievalMixin, SelfDistillation):
         return self.composer(memory, pad, success, attention=attention, under=under)
 
     def compress(self, texts: list[str | None]) -> torch.Tensor:
-        """The compressor's slots for each row's context, composed once per distinct context (a sampling
-        group shares its retrieval): [b, K, H], zeros for a row without context."""
-        device = self.composer.memory.device
-        unique = list(dict.fromkeys(t for t in texts if t is not None))
-        out = torch.zeros(len(texts), self.composer.latent_tokens, self.composer.memory.shape[-1], device=device)
-        if not unique:
-            return out
-        from lopd.rollout import left_pad
-
-        ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"][: self.cfg.algorithm.lopd.max_experience_tokens * 8]
-               for t in unique]
-        ids, mask = left_pad(ids, self.tokenizer.pad_token_id)
-        slots = self.composer(ids.to(device), mask.to(device))  # [U, K, H]
-        where = {t: i for i, t in enumerate(unique)}
-        index = torch.tensor([where.get(t, 0) for t in texts], device=device)
-        present = torch.tensor([t is not None for t in texts], device=device)[:, None, None]
-        return torch.where(present, slots[index], out)
+        """The compressor's slots for each row's context: [b, K, H], zeros for a row without context."""
+        return compress_texts(self.composer, self.tokenizer, texts, self.cfg.algorithm.lopd.max_experience_tokens * 8)
 
     def latent_teacher(self, batch, ctx: RetrievalContext) -> tuple[TokenStats, dict[str, Term]]:
         """The teacher reading the composer's slots (gradient open back to the composer), and the slots'

@@ -497,3 +497,26 @@ def sft_examples(n: int, seed: int = 0, hidden_per_tool: int = 2, distractors: i
                 context = join_contexts(context_feedback(verdict.feedback, attempt.render()),
                                         context_examples([(r, c.render()) for r, c in demos[:1]]))
         yield task_messages([t.schema() for t in shown], request), call.render(), context
+
+
+def compressor_examples(n: int, seed: int = 0, k: int = 2, hidden_per_tool: int = 2, distractors: int = 1,
+                        p_distractor: float = 0.25) -> Iterator[tuple[tuple[dict, ...], str]]:
+    """(messages, context) for pre-training LOPD's compressor (`lopd.latent.pretrain`), no answer needed.
+
+    A request to one tool of the `sft` pool (fresh names and conventions per example, as `sft_examples`:
+    never a tool of `train`, `val`, `test` or `transfer`) shown beside `distractors` others, and as context k
+    earlier successful calls in the format LOPD's retrieval writes (`context_examples`): each a call of the
+    requested tool, or with probability `p_distractor` of a distractor shown beside it (retrieval by the
+    task's tools finds both). A stream of its own (`toolworld/{seed}/compressor`): not the tiny policy's
+    SFT examples."""
+    rng = random.Random(f"toolworld/{seed}/compressor")
+    domains = list(DOMAINS)
+    for _ in range(n):
+        domain = rng.choice(domains)
+        tool = make_tool(domain, "sft", rng, hidden_per_tool)
+        others = [make_tool(d, "sft", rng, hidden_per_tool) for d in rng.sample([d for d in domains if d is not domain], distractors)]
+        shown = [tool, *others]
+        rng.shuffle(shown)
+        request, _ = make_request(tool, rng)
+        demos = [make_request(rng.choice(others) if others and rng.random() < p_distractor else tool, rng) for _ in range(k)]
+        yield task_messages([t.schema() for t in shown], request), context_examples([(r, c.render()) for r, c in demos])
