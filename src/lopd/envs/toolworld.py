@@ -458,6 +458,16 @@ def _wrong_attempt(tool: Tool, call: Call, rng: random.Random) -> Call:
     return Call(call.name, {})
 
 
+def _sft_tools(rng: random.Random, hidden_per_tool: int, distractors: int) -> tuple[Tool, list[Tool], list[Tool]]:
+    """A fresh `sft`-pool tool, `distractors` others of other domains, and all of them in shown order."""
+    domain = rng.choice(list(DOMAINS))
+    tool = make_tool(domain, "sft", rng, hidden_per_tool)
+    others = [make_tool(d, "sft", rng, hidden_per_tool) for d in rng.sample([d for d in DOMAINS if d is not domain], distractors)]
+    shown = [tool, *others]
+    rng.shuffle(shown)
+    return tool, others, shown
+
+
 def sft_examples(n: int, seed: int = 0, hidden_per_tool: int = 2, distractors: int = 1,
                  p_context: float = 0.5) -> Iterator[tuple[tuple[dict, ...], str, str | None]]:
     """(messages, target call, context) for supervised training of the tiny policy.
@@ -470,13 +480,8 @@ def sft_examples(n: int, seed: int = 0, hidden_per_tool: int = 2, distractors: i
     wrong attempt plus a successful one (SDPO). The policy learns to read each; the teacher needs that.
     """
     rng = random.Random(f"toolworld/{seed}/sft")
-    domains = list(DOMAINS)
     for _ in range(n):
-        domain = rng.choice(domains)
-        tool = make_tool(domain, "sft", rng, hidden_per_tool)
-        others = [make_tool(d, "sft", rng, hidden_per_tool) for d in rng.sample([d for d in domains if d is not domain], distractors)]
-        shown = [tool, *others]
-        rng.shuffle(shown)
+        tool, others, shown = _sft_tools(rng, hidden_per_tool, distractors)
         request, call = make_request(tool, rng)
         context = None
         if rng.random() < p_context:
@@ -510,13 +515,8 @@ def compressor_examples(n: int, seed: int = 0, k: int = 2, hidden_per_tool: int 
     task's tools finds both). A stream of its own (`toolworld/{seed}/compressor`): not the tiny policy's
     SFT examples."""
     rng = random.Random(f"toolworld/{seed}/compressor")
-    domains = list(DOMAINS)
     for _ in range(n):
-        domain = rng.choice(domains)
-        tool = make_tool(domain, "sft", rng, hidden_per_tool)
-        others = [make_tool(d, "sft", rng, hidden_per_tool) for d in rng.sample([d for d in domains if d is not domain], distractors)]
-        shown = [tool, *others]
-        rng.shuffle(shown)
+        tool, others, shown = _sft_tools(rng, hidden_per_tool, distractors)
         request, _ = make_request(tool, rng)
         demos = [make_request(rng.choice(others) if others and rng.random() < p_distractor else tool, rng) for _ in range(k)]
         yield task_messages([t.schema() for t in shown], request), context_examples([(r, c.render()) for r, c in demos])
