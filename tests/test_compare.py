@@ -1,5 +1,5 @@
-"""`lopd compare` end to end: a 2-method x 1-seed grid of one step per run through the CLI, resume, extension,
-report = metrics.jsonl; SIGTERM stops a grid and the same command resumes it; the report's statistics by hand."""
+"""`lopd compare` end to end on one 2-method x 1-seed grid trained once through the CLI: resume, report =
+metrics.jsonl, extension, SIGTERM stops a grid and the same command resumes it; the report's statistics by hand."""
 
 import json
 import os
@@ -44,7 +44,13 @@ def _compare(grid_file, *extra):
                           capture_output=True, text=True, env=env, timeout=900)
 
 
-def test_grid_end_to_end_resume_and_report_equals_metrics(grid_file, tmp_path):
+def test_grid_end_to_end_resume_sigterm_extension_and_report_equals_metrics(grid_file, tmp_path):
+    """One grid, trained once: a half-finished grid completed, its report checked against metrics.jsonl, a
+    second call that only rewrites the report, an extension to a larger budget stopped by SIGTERM and finished
+    by the same command, and the report at the old budget unchanged."""
+    import signal
+    import time
+
     grid = load_grid(grid_file)
     all_cells = cells(grid)
     assert len(all_cells) == 2
@@ -105,12 +111,34 @@ def test_grid_end_to_end_resume_and_report_equals_metrics(grid_file, tmp_path):
     # a second call finds everything finished and only rewrites the report
     again = _compare(grid_file)
     assert again.returncode == 0 and "2 already finished" in again.stdout
-    # a larger budget extends the finished runs; the report at the old budget still reads them to it
-    longer = _compare(grid_file, "budget=16")
-    assert longer.returncode == 0, longer.stderr[-3000:]
-    assert all((c.path / "finished").read_text().strip() == "16" for c in all_cells)
-    assert all(max(r["rollouts"] for r in RunDir(c.path).read_metrics()) == 16 for c in all_cells)
-    assert json.loads((root / "report.json").read_text())["methods"]["grpo"]["splits"]["test"]["points"][-1] == 16
+    # a larger budget extends the finished runs (4 more steps each: both are still running after the first's
+    # first new step); SIGTERM stops both, leaves none behind, and the same command finishes them
+    longer = ["budget=40", "eval_every=40"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "lopd.cli", "compare", "--config", str(grid_file), *longer],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    first = all_cells[0]
+    deadline = time.time() + 300
+    while not any(r["rollouts"] > 8 and "train" in r.get("kind", "") for r in RunDir(first.path).read_metrics()):
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:] if proc.poll() else "slow"
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out[-3000:]
+    assert "interrupted: 2 run(s) stopped" in out
+    for cell in all_cells:
+        status = json.loads((cell.path / "status.json").read_text())
+        assert status["state"] == "interrupted" and status["detail"] == "SIGTERM", status
+        with pytest.raises(ProcessLookupError):  # no run left behind, orphaned
+            os.kill(status["pid"], 0)
+    done = _compare(grid_file, *longer)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert all(is_finished(load_grid(grid_file, longer), c) for c in all_cells)
+    assert all((c.path / "finished").read_text().strip() == "40" for c in all_cells)
+    assert all(max(r["rollouts"] for r in RunDir(c.path).read_metrics()) == 40 for c in all_cells)
+    assert "previous process: interrupted" in (first.path / "resumes.log").read_text().splitlines()[-1]
+    assert json.loads((root / "report.json").read_text())["methods"]["grpo"]["splits"]["test"]["points"][-1] == 40
+    # the report at the old budget still reads the runs to it
     assert _compare(grid_file, "--report-only").returncode == 0
     again = json.loads((root / "report.json").read_text())
     assert {m: e["splits"] for m, e in again["methods"].items()} == {m: e["splits"] for m, e in report["methods"].items()}
@@ -194,34 +222,3 @@ def test_merge_adds_recorded_methods_and_recomputes_the_verdicts():
     assert "| grpo | 31.0 ± 1.0 |" in md and "| lopd_no_margin (ablation) | 21.0 ± 1.0 (lower) |" in md
     assert "- methods `grpo` taken from the recorded `old/report.json` (its command: `lopd compare ...`, lopd commit abc1234)" in md
     assert "held-out split" not in md  # one split: the summary already holds its final success
-
-
-def test_sigterm_stops_the_runs_and_the_same_command_resumes(grid_file, tmp_path):
-    import signal
-    import time
-
-    longer = ["budget=40", "eval_every=40"]  # 5 steps per run: both are still running after the first's first step
-    grid = load_grid(grid_file, longer)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "lopd.cli", "compare", "--config", str(grid_file), *longer],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    first = cells(grid)[0]
-    deadline = time.time() + 300
-    while not any(r.get("kind", "").startswith("train") for r in RunDir(first.path).read_metrics()):  # a step done
-        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:] if proc.poll() else "slow"
-        time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 130, out[-3000:]
-    assert "interrupted: 2 run(s) stopped" in out
-    started = [c for c in cells(grid) if (c.path / "status.json").exists()]
-    assert len(started) == 2  # two workers: the first two runs, nothing launched after the signal
-    for cell in started:
-        status = json.loads((cell.path / "status.json").read_text())
-        assert status["state"] == "interrupted" and status["detail"] == "SIGTERM", status
-        with pytest.raises(ProcessLookupError):  # no run left behind, orphaned
-            os.kill(status["pid"], 0)
-    done = _compare(grid_file, *longer)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert all(is_finished(grid, c) for c in cells(grid))
-    assert "resumed from" in (first.path / "resumes.log").read_text()

@@ -61,20 +61,33 @@ def kill_and_resume(algorithm: str, failpoint: str, run_dir: Path) -> subprocess
 # (algorithm, failpoint:nth). The small run: 4 steps of 8 rollouts, checkpoints at steps 2 and 4, evaluations
 # at 0, 16 and 32 rollouts (eval:1 is step 0's first split).
 FAST = [
-    ("lopd", "bank.append:1"),          # step 1's experiences: keys written, entries not (no checkpoint yet)
+    ("lopd", "bank.append:3"),          # step 3's experiences: keys written, entries not; the checkpoint of step 2
 ]  # every other failpoint, for every algorithm, is in SLOW (the default suite's 15 minutes)
 SLOW = [(a, p) for a in ALGORITHMS for p in [
-    "step.end:1", "rollout:1", "rollout:3", "update:2", "update:3", "remember:2", "bank.append:3", "eval:1",
+    "step.end:1", "rollout:1", "rollout:3", "update:2", "update:3", "remember:2", "bank.append:1", "eval:1",
     "eval:3", "metrics.write:2", "metrics.write:4", "checkpoint.write:1", "checkpoint.write:2",
     "checkpoint.rename:1", "checkpoint.rename:2", "checkpoint.after_rename:1", "step.end:3"]
     if a == "lopd" or not p.startswith(("bank", "remember"))]
 
 
 @pytest.mark.parametrize("algorithm, failpoint", FAST)
-def test_killed_at_a_failpoint_resumes_bit_for_bit(reference, tmp_path, algorithm, failpoint):
-    resumed = kill_and_resume(algorithm, failpoint, tmp_path / "run")
+def test_killed_at_a_failpoint_with_damaged_metrics_resumes_bit_for_bit(reference, tmp_path, algorithm, failpoint):
+    """Killed mid-step, the metrics file's tail then damaged (a bare number, text, invalid UTF-8): the resume
+    names each bad line once, with its line number, replaces them by the checkpoint's rows, and ends equal to
+    the uninterrupted run."""
+    run_dir = tmp_path / "run"
+    killed = _lopd(_args(algorithm, run_dir), failpoint=failpoint)
+    assert killed.returncode == -signal.SIGKILL, (failpoint, killed.returncode, killed.stderr[-1500:])
+    with open(run_dir / "metrics.jsonl", "ab") as f:
+        f.write(b"42\n" + b"plain text garbage\n" + b'{"step": 9, "broken": \xff\xfe}\n')
+    resumed = _lopd(["train", run_dir])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert_same(snapshot(tmp_path / "run"), reference[algorithm])
+    warned = [line for line in resumed.stderr.splitlines() if "not a metrics row" in line]
+    assert len(warned) == 3  # each bad line named once, with its line number
+    assert_same(snapshot(run_dir), reference[algorithm])
+    log = (run_dir / "resumes.log").read_text().splitlines()
+    assert len(log) == 1 and "left no exit record: killed" in log[0]
+    assert not list((run_dir / "checkpoints").glob(".tmp_*"))
     log = (tmp_path / "run" / "resumes.log").read_text().splitlines()
     assert len(log) == 1 and "left no exit record: killed" in log[0]
     assert not list((tmp_path / "run" / "checkpoints").glob(".tmp_*"))
@@ -120,19 +133,6 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(reference, 
     assert len(warnings) == 1 and "step_000004 is damaged (optimizer.pt has" in warnings[0]
     assert_same(snapshot(run_dir), reference["grpo"])
     assert "resumed from step_000002" in (run_dir / "resumes.log").read_text()
-
-
-def test_damaged_metrics_lines_are_reported_and_replaced(reference, tmp_path):
-    run_dir = tmp_path / "run"
-    killed = _lopd(_args("grpo", run_dir), failpoint="step.end:3")  # a checkpoint at step 2, step 3 logged
-    assert killed.returncode == -signal.SIGKILL
-    with open(run_dir / "metrics.jsonl", "ab") as f:
-        f.write(b"42\n" + b"plain text garbage\n" + b'{"step": 9, "broken": \xff\xfe}\n')
-    resumed = _lopd(["train", run_dir])
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    warned = [line for line in resumed.stderr.splitlines() if "not a metrics row" in line]
-    assert len(warned) == 3  # each bad line named once, with its line number
-    assert_same(snapshot(run_dir), reference["grpo"])
 
 
 def test_a_second_trainer_is_refused_and_a_stale_lock_does_not_block(tmp_path):
