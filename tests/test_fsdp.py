@@ -29,10 +29,11 @@ def _sharded(algorithm, run_dir, steps=None, **extra):
     return _overrides(algorithm, run_dir, steps=steps or STEPS[algorithm], **{"train.fsdp": "true", **UNCLIPPED, **extra})
 
 
-# LOPD in `make test` (it covers the policy, a sharded frozen copy, the composer and the encoder's union);
-# GRPO, OPSD and the resume test under `slow`, to keep the default suite under 15 minutes on 2 cores
-@pytest.mark.parametrize("algorithm", [pytest.param("grpo", marks=pytest.mark.slow),
-                                       pytest.param("opsd", marks=pytest.mark.slow), "lopd"])
+# Under `slow`, run by CI after `make test` (`make test-faults`): LOPD's covers the policy, a sharded frozen copy,
+# the composer and the encoder's union. `make test` keeps the sharding layout and the sharded clip (below) and the
+# 2-rank LOPD equivalence without sharding (tests/test_dist.py).
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["grpo", "opsd", "lopd"])
 def test_two_sharded_ranks_equal_one_process(tmp_path, algorithm):
     run_single(_overrides(algorithm, tmp_path / "one", steps=STEPS[algorithm], **UNCLIPPED))
     run_ranks(_sharded(algorithm, tmp_path / "two"))

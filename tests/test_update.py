@@ -2,6 +2,7 @@
 with the rows whose loss is exactly zero left out (`train.skip_zero_loss_rows`), for every algorithm,
 on batches where only some trajectories have a context and only some groups have reward variance."""
 
+import copy
 from unittest import mock
 
 import pytest
@@ -35,13 +36,29 @@ def _session(toolworld, name, overrides=()):
     return session_for([f"algorithm.name={name}", *BASE, *VARIANTS.get(variant, []), *overrides], env=toolworld)
 
 
+_SAMPLED: dict = {}  # (model, rollout settings) -> the two batches every session of this file samples alike
+
+
+def _two_batches(s, toolworld, rewards):
+    """The first (remembered) and second batch of real rollouts. Every session here starts from the same
+    seeded policy and samples under seed 3, so the batches are sampled once per file and copied."""
+    key = (repr(s.cfg.model), repr(s.cfg.rollout))
+    if key not in _SAMPLED:
+        tasks = list(toolworld.tasks("train")[:4])
+        torch.manual_seed(3)
+        _SAMPLED[key] = (rollouts(s, tasks), rollouts(s, tasks))
+    first, second = copy.deepcopy(_SAMPLED[key])
+    for batch, r in ((first, [1.0, 0.0] * 8), (second, rewards)):
+        batch.rewards = torch.tensor(r, dtype=torch.float32)[: len(batch)]
+        batch.success = batch.rewards > 0.5
+    return first, second
+
+
 def _batch_and_context(s, toolworld, rewards=REWARDS, blank=WITHOUT_CONTEXT):
     """A second batch after a remembered first one (LOPD's bank, Skill-SD's library fill), its context with
     the `blank` rows' context taken away, as when retrieval finds nothing for them."""
-    tasks = list(toolworld.tasks("train")[:4])
-    torch.manual_seed(3)
-    s.algorithm.remember(rollouts(s, tasks, [1.0, 0.0] * 8), 1)
-    batch = rollouts(s, tasks, rewards)
+    first, batch = _two_batches(s, toolworld, rewards)
+    s.algorithm.remember(first, 1)
     ctx = s.algorithm.build_context(batch, 2)
     if ctx.has_context is not None:
         for i in blank:
@@ -151,7 +168,7 @@ def test_dual_ascent_reads_the_whole_minibatch_so_lambda_does_not_depend_on_the_
     with no constrained row pulled it toward 0: lambda depended on the split. Here only some rows have a
     context and only two groups are mixed; micro-batches of 1 row and of the whole batch give the same lambda.
     (The 2-rank LOPD equivalence of tests/test_dist.py checks 1 vs 2 ranks with dual ascent on.)"""
-    extra = ["algorithm.lopd.dual_lr=0.5", "algorithm.lopd.gate_init=0.5", "algorithm.lopd.latent_tokens=256"]
+    extra = ["algorithm.lopd.dual_lr=0.5", "algorithm.lopd.gate_init=0.5", "algorithm.lopd.latent_tokens=32"]
     lams, constraints = [], []
     for size in (1, 64):
         s = _session(toolworld, "lopd", [*extra, f"train.micro_batch_size={size}"])
