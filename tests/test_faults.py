@@ -74,8 +74,11 @@ SLOW = [(a, p) for a in ALGORITHMS for p in [
 def test_killed_at_a_failpoint_with_damaged_metrics_resumes_bit_for_bit(reference, tmp_path, algorithm, failpoint):
     """Killed mid-step, the metrics file's tail then damaged (a bare number, text, invalid UTF-8): the resume
     names each bad line once, with its line number, replaces them by the checkpoint's rows, and ends equal to
-    the uninterrupted run."""
+    the uninterrupted run: weights, optimizer, rows, samples, and LOPD's composer, lambda (moved by dual
+    ascent) and bank (the redone step's experiences not stored twice)."""
     run_dir = tmp_path / "run"
+    if algorithm == "lopd":
+        assert reference[algorithm]["algorithm"]["lambda"] != 1.0 and reference[algorithm]["algorithm"]["composer"]
     killed = _lopd(_args(algorithm, run_dir), failpoint=failpoint)
     assert killed.returncode == -signal.SIGKILL, (failpoint, killed.returncode, killed.stderr[-1500:])
     with open(run_dir / "metrics.jsonl", "ab") as f:

@@ -1,6 +1,6 @@
 """LOPD: the latent teacher starts exactly as its text ablation, gradient routing, the composer's objectives
 on hand-computed values, no distillation without context, warm-up and composer-only passes, collapse
-without the margin and its prevention, resume of bank/composer/lambda."""
+without the margin and its prevention (the resume of bank, composer and lambda: tests/test_faults.py)."""
 
 import math
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import assert_same, reference_config, rollouts, session_for, small_overrides, snapshot
+from conftest import rollouts, session_for, small_overrides
 from lopd.cli import config_path
 from lopd.config import load_config
 from lopd.runs import RunDir
@@ -49,7 +49,7 @@ def test_latent_teacher_at_gate_zero_equals_the_text_teacher(toolworld, lora, tm
     extra = ["algorithm.lopd.latent_tokens=512", f"model.lora.enabled={str(lora).lower()}"]
     latent = _session(toolworld, extra, run_dir=tmp_path / "latent")
     text = _session(toolworld, extra, name="lopd_text", run_dir=tmp_path / "text")
-    tasks = list(toolworld.tasks("train")[:4])
+    tasks = list(toolworld.tasks("train")[:2])  # 8 rows
     first = _mixed(latent, tasks)
     for s in (latent, text):  # the same bank in both
         s.algorithm.remember(first, 1)
@@ -188,7 +188,7 @@ def _adam_steps(optimizer, params) -> list[int]:
 
 def test_composer_warmup_and_composer_only_passes_leave_the_student_alone(toolworld):
     s = _session(toolworld, ["algorithm.lopd.composer_warmup_steps=2", "algorithm.lopd.composer_passes=1",
-                             "algorithm.lopd.latent_tokens=256"])
+                             "algorithm.lopd.latent_tokens=64"])
     batch, ctx = _filled(s, toolworld)
     policy, composer = list(s.model.parameters()), list(s.algorithm.composer.parameters())
     before = [p.detach().clone() for p in policy]
@@ -205,7 +205,7 @@ def test_composer_warmup_and_composer_only_passes_leave_the_student_alone(toolwo
 def test_checkpointing_the_teacher_changes_memory_not_the_update(toolworld):
     results = []
     for on in (False, True):
-        s = _session(toolworld, ["algorithm.lopd.gate_init=0.5", "algorithm.lopd.latent_tokens=256",
+        s = _session(toolworld, ["algorithm.lopd.gate_init=0.5", "algorithm.lopd.latent_tokens=64",
                                  f"algorithm.lopd.checkpoint_teacher={str(on).lower()}"])
         batch, ctx = _filled(s, toolworld)
         _update(s, batch, ctx)
@@ -299,18 +299,6 @@ def test_the_margin_keeps_the_privilege(collapse_runs):
 
 
 # ----------------------------------------------------------------------------- runs
-
-
-def test_resume_restores_bank_composer_and_lambda(reference_runs, tmp_path):
-    """The canonical LOPD run (dual ascent on, the gate open) stopped after step 3 and resumed equals the
-    uninterrupted one: weights, optimizer, composer, lambda (moved by dual ascent), the bank (the redone
-    step's experiences not stored twice), rows and samples."""
-    cfg = reference_config("lopd", tmp_path / "stopped")
-    train(cfg, stop_after=3, quiet=True)
-    resumed = train(reference_config("lopd", tmp_path / "stopped"), quiet=True)
-    want = snapshot(reference_runs["lopd"])
-    assert want["algorithm"]["lambda"] != 1.0
-    assert_same(snapshot(resumed), want)
 
 
 @pytest.mark.parametrize("architecture", ["qwen3", "llama"])

@@ -352,6 +352,13 @@ def test_classification_without_running():
     assert set(s for s in STATUSES) >= {"ok", "failed", "timeout", "memory", "output_limit"}
     interleaved = "Traceback\n  os.fork()\nBlockingIOError: [Errno 11] no\nos.fork()\n"
     assert last_error_line(interleaved) == "BlockingIOError: [Errno 11] no"
+    # a fork bomb's children write their tracebacks at once: the last exception line may lose its message
+    # (seen in make test: 'BlockingIOError' alone), and an earlier child's may hold it
+    cut = "Traceback (most recent call last):\nTraceback (most recent call last):\n  os.fork()\nBlockingIOError\n"
+    assert _classify({"exit": 1}, "", cut, limits, 10)[:2] == ("process_limit", 1)
+    earlier = "BlockingIOError: [Errno 11] Resource temporarily unavailable\nValueError: x\n"
+    assert _classify({"exit": 1}, "", earlier, limits, 10)[0] == "process_limit"
+    assert _classify({"exit": 1}, "", "Traceback\nValueError: x\n", limits, 10) == ("failed", 1, "ValueError: x")
 
 
 def test_stdin_file_is_not_left_in_the_folder(mode):

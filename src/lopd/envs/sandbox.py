@@ -345,6 +345,17 @@ def _control_fields(ctl: bytes) -> dict:
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b(:.*)?$")
 
 
+def error_lines(stderr: str) -> list[str]:
+    """Every `ExcType: message` line of stderr (one per traceback; several when processes wrote at once)."""
+    return [ln.strip() for ln in stderr.splitlines() if _EXCEPTION_LINE.match(ln.strip())]
+
+
+def _out_of_processes(line: str) -> bool:
+    """fork()/clone() refused by RLIMIT_NPROC: EAGAIN (BlockingIOError, whose ': [Errno 11] ...' another
+    process's write may have cut off), or a thread that could not start."""
+    return "[Errno 11]" in line or line.startswith("BlockingIOError") or "can't start new thread" in line
+
+
 def last_error_line(stderr: str) -> str:
     """The final `ExcType: message` line of a traceback (the last such line if processes interleaved)."""
     lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
@@ -383,7 +394,7 @@ def _classify(ctl: dict, why: str, stderr: str, limits: dict, max_output_bytes: 
         return "file_limit", code, f"file size / disk limit exceeded ({last})"
     if "[Errno 24]" in last:
         return "file_limit", code, f"open-file limit of {limits['max_open_files']} reached ({last})"
-    if "[Errno 11]" in last or "can't start new thread" in last:
+    if any(_out_of_processes(line) for line in error_lines(stderr)):  # any child's: forked writers interleave
         return "process_limit", code, f"process limit of {limits['max_processes']} reached ({last})"
     return "failed", code, last or f"exited with code {code}"
 
