@@ -111,9 +111,9 @@ def test_grid_end_to_end_resume_sigterm_extension_and_report_equals_metrics(grid
     # a second call finds everything finished and only rewrites the report
     again = _compare(grid_file)
     assert again.returncode == 0 and "2 already finished" in again.stdout
-    # a larger budget extends the finished runs (4 more steps each: both are still running after the first's
+    # a larger budget extends the finished runs (3 more steps each: both are still running after the first's
     # first new step); SIGTERM stops both, leaves none behind, and the same command finishes them
-    longer = ["budget=40", "eval_every=40"]
+    longer = ["budget=32", "eval_every=32"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "lopd.cli", "compare", "--config", str(grid_file), *longer],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -134,10 +134,10 @@ def test_grid_end_to_end_resume_sigterm_extension_and_report_equals_metrics(grid
     done = _compare(grid_file, *longer)
     assert done.returncode == 0, done.stderr[-3000:]
     assert all(is_finished(load_grid(grid_file, longer), c) for c in all_cells)
-    assert all((c.path / "finished").read_text().strip() == "40" for c in all_cells)
-    assert all(max(r["rollouts"] for r in RunDir(c.path).read_metrics()) == 40 for c in all_cells)
+    assert all((c.path / "finished").read_text().strip() == "32" for c in all_cells)
+    assert all(max(r["rollouts"] for r in RunDir(c.path).read_metrics()) == 32 for c in all_cells)
     assert "previous process: interrupted" in (first.path / "resumes.log").read_text().splitlines()[-1]
-    assert json.loads((root / "report.json").read_text())["methods"]["grpo"]["splits"]["test"]["points"][-1] == 40
+    assert json.loads((root / "report.json").read_text())["methods"]["grpo"]["splits"]["test"]["points"][-1] == 32
     # the report at the old budget still reads the runs to it
     assert _compare(grid_file, "--report-only").returncode == 0
     again = json.loads((root / "report.json").read_text())

@@ -152,7 +152,7 @@ def test_a_second_trainer_is_refused_and_a_stale_lock_does_not_block(tmp_path):
     assert len(lines) == 1 and f"is in use by pid {first.pid}" in lines[0], second.stderr
     first.send_signal(signal.SIGKILL)
     first.wait()
-    third = _lopd(["train", run_dir, "train.max_rollouts=16"], timeout=300)  # the kernel released the lock
+    third = _lopd(["train", run_dir, "train.max_rollouts=8"], timeout=300)  # the kernel released the lock
     assert third.returncode == 0, third.stderr[-2000:]
 
 
