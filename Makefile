@@ -19,12 +19,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/lopd demo
 
-# pytest-xdist processes; each file's tests stay in one (module fixtures are built once)
+# pytest-xdist processes; each file's tests stay in one (module fixtures are built once), the longest files
+# first (tests/conftest.py, LONGEST_FIRST)
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts examples
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 # the slow fault-injection (every failpoint, random kills) and distributed/FSDP suites: CI runs them after `make test`
 test-faults: $(STAMP)

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from conftest import small_overrides
 from lopd.runs import RunDir
 
-STEPS = {"grpo": 2, "lopd": 3}  # LOPD's first step fills the bank, the next ones retrieve from it
+STEPS = {"grpo": 2, "lopd": 2}  # LOPD's first step fills the bank, the second retrieves from it (and moves lambda)
 
 
 def _overrides(algorithm, run_dir, steps=None, **extra):

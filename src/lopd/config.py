@@ -562,16 +562,23 @@ def load_config(path: str | Path | list | None = None, overrides: list[str] | No
     for p in path if isinstance(path, list) else [path]:
         if p is not None:
             cfg = _merge_file(cfg, config_path(p), seen=())
+    items = []
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"command line: override '{item}' is not of the form key=value")
         key, _, value = item.partition("=")
         if _is_list(_field_type(Config, key.split("."))) and not value.strip().startswith("["):
             item = f"{key}=[{value}]"  # env.eval_splits=test means [test]
-        try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
-        except OmegaConfBaseException as e:
-            raise _explain(e, f"command line '{item}'") from None
+        items.append(item)
+    try:  # one merge (each merge copies the whole config); on an error, item by item to name the bad one
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(items)) if items else cfg
+    except OmegaConfBaseException:
+        for item in items:
+            try:
+                cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
+            except OmegaConfBaseException as e:
+                raise _explain(e, f"command line '{item}'") from None
+        raise
     try:
         return validate(OmegaConf.to_object(cfg))  # type: ignore[arg-type]
     except OmegaConfBaseException as e:
