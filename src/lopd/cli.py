@@ -7,6 +7,8 @@
     lopd eval --model smollm2-135m --env acebench     ... on any env (bfcl, humaneval, your own)
     lopd bank runs/lopd_toolworld_seed0 --query "book a flight"   inspect an experience bank
     lopd inspect runs/lopd_toolworld_seed0            what its latent slots carry (inspect.png)
+    lopd probe --out runs/probe                       what each context source gives the teacher, on val
+    lopd pretrain-compressor --out runs/compressor    LOPD's compressor, pre-trained before RL
     lopd demo                                         the showcase on the bundled task and policy
 
 Config keys are listed by `lopd train --help`. Errors in configs, data or model paths end in one
