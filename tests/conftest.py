@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import zygote
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -31,6 +33,10 @@ if WORKERS > 1:
 # 2026-12-04); the rest keep their order after them. Longest first keeps the tail short.
 LONGEST_FIRST = ["test_faults.py", "test_plugin_env.py", "test_update.py", "test_lopd.py", "test_compare.py",
                  "test_loop.py", "test_dist.py", "test_pretrain.py", "test_humaneval.py"]
+
+
+def pytest_sessionfinish(session):
+    zygote.shutdown()  # this process's warm process for CLI runs (tests/zygote.py)
 
 
 def pytest_collection_modifyitems(items):
@@ -120,7 +126,7 @@ REFERENCE_EXTRA = {  # the canonical tiny runs: 4 steps of 8 rollouts, checkpoin
     "grpo": {},
     # LOPD with dual ascent on, the gate open, and partial-credit rewards (so that groups with a context also
     # have reward variance, and lambda moves)
-    "lopd": {"algorithm.lopd.latent_tokens": 256, "algorithm.lopd.dual_lr": 0.5, "algorithm.lopd.gate_init": 0.5,
+    "lopd": {"algorithm.lopd.latent_tokens": 64, "algorithm.lopd.dual_lr": 0.5, "algorithm.lopd.gate_init": 0.5,
              "env.toolworld.reward": "partial"},
 }
 
@@ -144,7 +150,7 @@ def cli(args, failpoint=None, timeout=600, **kw) -> subprocess.CompletedProcess:
     env.pop("LOPD_FAILPOINT", None)
     if failpoint:
         env["LOPD_FAILPOINT"] = failpoint
-    return subprocess.run(LOPD_CLI + [str(a) for a in args], capture_output=True, text=True, env=env, timeout=timeout, **kw)
+    return zygote.run(LOPD_CLI + [str(a) for a in args], capture_output=True, text=True, env=env, timeout=timeout, **kw)
 
 
 class ReferenceRuns:

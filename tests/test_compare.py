@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+import zygote
 from lopd.compare import cells, is_finished, load_grid
 from lopd.errors import ConfigError
 from lopd.grid_report import cost_of, stat
@@ -40,7 +41,7 @@ def grid_file(tmp_path):
 
 def _compare(grid_file, *extra):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "lopd.cli", "compare", "--config", str(grid_file), *extra],
+    return zygote.run([sys.executable, "-m", "lopd.cli", "compare", "--config", str(grid_file), *extra],
                           capture_output=True, text=True, env=env, timeout=900)
 
 
@@ -115,7 +116,7 @@ def test_grid_end_to_end_resume_sigterm_extension_and_report_equals_metrics(grid
     # first new step); SIGTERM stops both, leaves none behind, and the same command finishes them
     longer = ["budget=32", "eval_every=32"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "lopd.cli", "compare", "--config", str(grid_file), *longer],
+    proc = zygote.Popen([sys.executable, "-m", "lopd.cli", "compare", "--config", str(grid_file), *longer],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     first = all_cells[0]
     deadline = time.time() + 300

@@ -1,6 +1,6 @@
 """Data parallelism (lopd/dist.py): two gloo ranks equal one process with the same global batch and seed
 (parameters to 1e-6, the same experience bank, the same metrics), for GRPO and LOPD; a two-rank run
-resumes on one rank. Real processes (torch.multiprocessing), real torch.distributed collectives."""
+resumes on one rank. Real processes (one per rank, tests/zygote.py), real torch.distributed collectives."""
 
 import json
 import os
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
+import zygote
 from conftest import small_overrides
 from lopd.runs import RunDir
 
@@ -50,8 +50,7 @@ def _rank(rank: int, world: int, port: int, overrides: list[str], stop_after) ->
 
 
 def run_ranks(overrides: list[str], world: int = 2, stop_after=None) -> None:
-    mp.start_processes(_rank, args=(world, _free_port(), overrides, stop_after), nprocs=world, join=True,
-                       start_method="spawn")
+    zygote.start_processes(_rank, args=(world, _free_port(), overrides, stop_after), nprocs=world)
 
 
 def run_single(overrides: list[str], stop_after=None) -> None:

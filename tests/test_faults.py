@@ -25,6 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import zygote
 from conftest import REFERENCE_EXTRA, assert_same, cli, copy_run, reference_args, small_overrides, snapshot
 from lopd.runs import RunDir
 
@@ -113,7 +114,7 @@ def test_killed_at_a_random_moment_resumes_bit_for_bit(reference, tmp_path, seed
     run_dir = tmp_path / "run"
     for _ in range(rng.randint(1, 3)):
         args = _args(algorithm, run_dir) if not RunDir(run_dir).exists() else ["train", run_dir]
-        proc = subprocess.Popen(LOPD + [str(a) for a in args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        proc = zygote.Popen(LOPD + [str(a) for a in args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env={**os.environ, "OMP_NUM_THREADS": "2"})
         time.sleep(rng.uniform(4.0, 25.0))
         proc.send_signal(signal.SIGKILL)
@@ -141,7 +142,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(reference, 
 def test_a_second_trainer_is_refused_and_a_stale_lock_does_not_block(tmp_path):
     run_dir = tmp_path / "run"
     args = _args("grpo", run_dir)[:-1] + ["train.max_rollouts=800", "eval.every_rollouts=0"]
-    first = subprocess.Popen(LOPD + args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    first = zygote.Popen(LOPD + args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.time() + 120
     while not (run_dir / "status.json").is_file() and time.time() < deadline:

@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 
+import zygote
 from conftest import small_overrides
 from test_dist import _free_port, _overrides, _state, assert_equivalent, run_ranks, run_single
 
@@ -79,11 +80,8 @@ def _shapes(rank: int, world: int, port: int, overrides: list[str], out: str) ->
 
 
 def test_the_layers_are_sharded_and_the_embeddings_replicated(tmp_path):
-    import torch.multiprocessing as mp
-
     overrides = _sharded("opsd", tmp_path / "run")
-    mp.start_processes(_shapes, args=(2, _free_port(), overrides, str(tmp_path / "shapes")), nprocs=2, join=True,
-                       start_method="spawn")
+    zygote.start_processes(_shapes, args=(2, _free_port(), overrides, str(tmp_path / "shapes")), nprocs=2)
     for rank in (0, 1):
         shapes = torch.load(tmp_path / f"shapes.{rank}")
         assert set(shapes) == {"policy", "copy0"}  # OPSD's frozen teacher is a copy, sharded too
@@ -117,9 +115,7 @@ def _clip(rank: int, world: int, port: int, out: str) -> None:
 
 
 def test_the_sharded_clip_is_the_global_clip(tmp_path):
-    import torch.multiprocessing as mp
-
-    mp.start_processes(_clip, args=(2, _free_port(), str(tmp_path / "clip")), nprocs=2, join=True, start_method="spawn")
+    zygote.start_processes(_clip, args=(2, _free_port(), str(tmp_path / "clip")), nprocs=2)
     for rank in (0, 1):
         got = torch.load(tmp_path / f"clip.{rank}")
         full = [t.double() for t in got["full"]]

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import zygote
 from conftest import assert_same, cli, copy_run, reference_config, small_overrides, snapshot
 from lopd.config import load_config
 from lopd.runs import RunDir
@@ -69,7 +70,7 @@ def test_run_directory_holds_everything(reference_runs):
 
 def _run(args, **kw):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(LOPD + args, capture_output=True, text=True, env=env, **kw)
+    return zygote.run(LOPD + args, capture_output=True, text=True, env=env, **kw)
 
 
 def test_cli_resume_extends_a_finished_run_and_eval_reads_it(reference_runs, tmp_path):
@@ -93,7 +94,7 @@ def test_cli_killed_mid_run_resumes_to_the_same_weights(tmp_path):
     reference = train(load_config("grpo", small_overrides(tmp_path / "ref", **{"train.max_rollouts": 48})), quiet=True)
     run_dir = tmp_path / "killed"
     args = ["train", "--config", "grpo", *small_overrides(run_dir, **{"train.max_rollouts": 48})]
-    proc = subprocess.Popen(LOPD + args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = zygote.Popen(LOPD + args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while RunDir(run_dir).latest_checkpoint() is None and time.time() < deadline:
         time.sleep(0.2)

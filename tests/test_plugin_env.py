@@ -7,12 +7,12 @@ one-line errors of a bad import path, a class that is not an Env, and an env who
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import zygote
 from conftest import small_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +21,7 @@ PLUGIN = f"{EXAMPLE}:UnitConverter"
 
 
 def lopd(*args, cwd=ROOT, env=None):
-    return subprocess.run([sys.executable, "-m", "lopd.cli", *map(str, args)], cwd=cwd, capture_output=True, text=True,
+    return zygote.run([sys.executable, "-m", "lopd.cli", *map(str, args)], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "2", **(env or {})}, timeout=600)
 
 
@@ -152,7 +152,7 @@ if __name__ == "__main__":
 
 
 def _script(tmp_path, *args):
-    return subprocess.run([sys.executable, str(tmp_path / "train_echo.py"), *map(str, args)], cwd=tmp_path,
+    return zygote.run([sys.executable, str(tmp_path / "train_echo.py"), *map(str, args)], cwd=tmp_path,
                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "2"}, timeout=600)
 
 

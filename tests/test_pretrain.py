@@ -4,12 +4,12 @@ resumes bit for bit, and LOPD starts from the file `algorithm.lopd.compressor_in
 line why it cannot)."""
 
 import json
-import subprocess
 import sys
 
 import pytest
 import torch
 
+import zygote
 from conftest import THREADS
 
 from lopd.config import load_config
@@ -112,7 +112,7 @@ def test_lopd_starts_from_the_pretrained_compressor(pretrained, tmp_path):
     (tmp_path / "junk.pt").write_text("not a checkpoint")
     with pytest.raises(ConfigError, match="junk.pt: not a compressor file"):
         load_compressor(new_compressor(cfg, 4), tmp_path / "junk.pt", "tiny")
-    out = subprocess.run([sys.executable, "-m", "lopd.cli", "train", "--config", "lopd_compressor", *CFG,
+    out = zygote.run([sys.executable, "-m", "lopd.cli", "train", "--config", "lopd_compressor", *CFG,
                           f"run.dir={tmp_path / 'run'}", f"algorithm.lopd.compressor_init={tmp_path / 'none.pt'}"],
                          capture_output=True, text=True)
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0, out.stderr

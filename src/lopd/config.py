@@ -9,8 +9,10 @@ expected type or choices, and a key that came from a YAML file names the file an
 
 from __future__ import annotations
 
+import copy
 import difflib
 import enum
+import functools
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -463,12 +465,18 @@ def dotted_keys(cls: type = Config, prefix: str = "") -> list[str]:
     return out
 
 
-def _field_type(cls: type, dotted: list[str]) -> Any:
-    """The declared type of a dotted key under dataclass `cls` (None if there is no such key)."""
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """A dataclass's field types, resolved once per class."""
     import typing
 
-    for i, part in enumerate(dotted):
-        hints = typing.get_type_hints(cls) if is_dataclass(cls) else {}
+    return typing.get_type_hints(cls) if is_dataclass(cls) else {}
+
+
+def _field_type(cls: type, dotted: list[str]) -> Any:
+    """The declared type of a dotted key under dataclass `cls` (None if there is no such key)."""
+    for part in dotted:
+        hints = _hints(cls)
         if part not in hints:
             return None
         cls = hints[part]
@@ -494,8 +502,9 @@ def _listify(data: Any, cls: type = None, prefix: tuple = ()) -> Any:
     return data
 
 
-def _merge_file(cfg, path: Path, seen: tuple) -> DictConfig:
-    """Merge a YAML file into `cfg`; its `include: [files]` (relative to it) are merged first, in order."""
+def _file_layers(path: Path, seen: tuple = ()) -> list[tuple[Path, DictConfig]]:
+    """A YAML file as the layers it merges, in order: its `include: [files]` (relative to it, or bundled
+    names) first, then its own keys."""
     if path.resolve() in seen:
         raise ConfigError(f"{path}: include cycle ({' -> '.join(str(p) for p in seen)})")
     if not path.is_file():
@@ -509,10 +518,11 @@ def _merge_file(cfg, path: Path, seen: tuple) -> DictConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a config file must be a mapping of sections, got {type(data).__name__}")
     includes = data.pop("include", [])
+    layers = []
     for inc in [includes] if isinstance(includes, str) else includes:
-        cfg = _merge_file(cfg, _include_path(path, str(inc)), seen + (path.resolve(),))
+        layers += _file_layers(_include_path(path, str(inc)), seen + (path.resolve(),))
     try:
-        return OmegaConf.merge(cfg, OmegaConf.create(_listify(data)))
+        return layers + [(path, OmegaConf.create(_listify(data)))]
     except OmegaConfBaseException as e:
         raise _explain(e, str(path), path) from None
 
@@ -555,13 +565,27 @@ def config_path(name: str | Path | None) -> Path | None:
     raise ConfigError(f"--config: '{name}' is neither a file nor a bundled config ({_bundled_names()})")
 
 
+@functools.cache
+def _defaults() -> DictConfig:
+    """The schema with its defaults, built from the dataclasses once per process (half of a load's time)."""
+    return OmegaConf.structured(Config)
+
+
 def load_config(path: str | Path | list | None = None, overrides: list[str] | None = None) -> Config:
     """Defaults <- YAML file(s) (each after its includes, in order) <- dotted overrides, type-checked.
     A path may also name a bundled config ('lopd', 'grpo', ...)."""
-    cfg = OmegaConf.structured(Config)
-    for p in path if isinstance(path, list) else [path]:
-        if p is not None:
-            cfg = _merge_file(cfg, config_path(p), seen=())
+    layers = [layer for p in (path if isinstance(path, list) else [path]) if p is not None
+              for layer in _file_layers(config_path(p))]
+    try:  # one merge (each merge copies the whole config); on an error, layer by layer to name the file
+        cfg = OmegaConf.merge(_defaults(), *(data for _, data in layers))
+    except OmegaConfBaseException:
+        cfg = copy.deepcopy(_defaults())
+        for file, data in layers:
+            try:
+                cfg = OmegaConf.merge(cfg, data)
+            except OmegaConfBaseException as e:
+                raise _explain(e, str(file), file) from None
+        raise
     items = []
     for item in overrides or []:
         if "=" not in item:
