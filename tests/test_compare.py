@@ -42,7 +42,7 @@ def grid_file(tmp_path):
 def _compare(grid_file, *extra):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return zygote.run([sys.executable, "-m", "lopd.cli", "compare", "--config", str(grid_file), *extra],
-                          capture_output=True, text=True, env=env, timeout=900)
+                          capture_output=True, text=True, env=env, timeout=900, warm_children=True)
 
 
 def test_grid_end_to_end_resume_sigterm_extension_and_report_equals_metrics(grid_file, tmp_path):
@@ -117,7 +117,7 @@ def test_grid_end_to_end_resume_sigterm_extension_and_report_equals_metrics(grid
     longer = ["budget=32", "eval_every=32"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = zygote.Popen([sys.executable, "-m", "lopd.cli", "compare", "--config", str(grid_file), *longer],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, warm_children=True)
     first = all_cells[0]
     deadline = time.time() + 300
     while not any(r["rollouts"] > 8 and "train" in r.get("kind", "") for r in RunDir(first.path).read_metrics()):

@@ -6,7 +6,9 @@ modules once, never runs a torch op, and forks one child per command line. The c
 its own: its pid, argv, environment, working directory, sys.path, standard streams and exit status (a
 signal's as -N, as `subprocess` reports it) are the command's; it imports lopd itself afresh (lopd reads its
 environment, e.g. LOPD_FAILPOINT, at import); signals sent to its pid act as on the plain command. Only the
-interpreter's start and the preloaded third-party imports are shared.
+interpreter's start and the preloaded third-party imports are shared. With `warm_children=True` the child's
+`sys.executable` is a shim that runs the child's own Python children (`lopd compare`'s runs) the same way,
+passing on the signals it gets (compare's SIGTERM) and exiting as they do.
 
     run([sys.executable, "-m", "lopd.cli", "train", ...], capture_output=True, text=True, timeout=600)
     proc = Popen([sys.executable, "-m", "lopd.cli", "compare", ...], stdout=subprocess.DEVNULL); proc.wait()
@@ -56,6 +58,10 @@ def serve(path: str) -> tuple[dict, list[int]]:
     figure.legend()
     figure.savefig(io.BytesIO(), format="png")
     plt.close(figure)
+    shim = Path(path).with_name("python")  # `python` for a child's own Python children: forwards to this zygote
+    shim.write_text(f"#!{sys.executable} -S\nimport sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+                    f"from zygote import forward\nforward({path!r}, sys.argv[1:])\n")
+    shim.chmod(0o755)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     server.bind(path)
     server.listen(64)
@@ -117,6 +123,8 @@ def become(request: dict, fds: list[int]) -> None:
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=unbuffered,
                                   line_buffering=os.isatty(1))
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+    if request.get("warm_children"):
+        sys.executable = request["warm_children"]
     import torch
 
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
@@ -134,6 +142,23 @@ def become(request: dict, fds: list[int]) -> None:
         sys.path[:1] = [str(Path(argv[0]).resolve().parent), *extra]
         sys.argv = list(argv)
         runpy.run_path(argv[0], run_name="__main__")
+
+
+def forward(path: str, argv: list[str]) -> None:
+    """The shim `python`: run `argv` in a child of the zygote at `path` with this process's streams,
+    environment and directory, pass on the signals this process receives, and exit as the child did."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    conn.connect(path)
+    request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "warm_children": sys.executable}
+    socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
+    pid = json.loads(conn.recv(1 << 16))["pid"]
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda number, _frame: os.kill(pid, number))
+    code = json.loads(conn.recv(1 << 16))["exit"]
+    if code < 0:  # died of a signal: so does the shim
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code)
 
 
 # ------------------------------------------------------------------------------------------------ the client
@@ -192,7 +217,8 @@ class Popen:
             return subprocess.Popen(cmd, **kw)
         return super().__new__(cls)
 
-    def __init__(self, cmd, stdin=None, stdout=None, stderr=None, env=None, cwd=None, text=False):
+    def __init__(self, cmd, stdin=None, stdout=None, stderr=None, env=None, cwd=None, text=False,
+                 warm_children=False):
         self.args = [str(c) for c in cmd]
         self.returncode = None
         self.stdout = self.stderr = None
@@ -210,7 +236,8 @@ class Popen:
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._conn.connect(_zygote_path())
         request = {"argv": self.args[1:], "env": dict(env if env is not None else os.environ),
-                   "cwd": str(cwd if cwd is not None else os.getcwd())}
+                   "cwd": str(cwd if cwd is not None else os.getcwd()),
+                   "warm_children": str(Path(_zygote_path()).with_name("python")) if warm_children else None}
         socket.send_fds(self._conn, [json.dumps(request).encode()], handed)
         for fd in close:
             os.close(fd)
@@ -279,14 +306,14 @@ def start_processes(fn, args=(), nprocs: int = 1, timeout: float = 900) -> None:
 
 
 def run(cmd, *, capture_output=False, text=False, timeout=None, check=False, env=None, cwd=None, stdout=None,
-        stderr=None, input=None):
+        stderr=None, input=None, warm_children=False):
     """`subprocess.run` for a command the zygote runs (else `subprocess.run` itself)."""
     if not _warm(cmd) or input is not None:
         return subprocess.run(cmd, capture_output=capture_output, text=text, timeout=timeout, check=check, env=env,
                               cwd=cwd, stdout=stdout, stderr=stderr, input=input)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = Popen(cmd, stdout=out if capture_output else stdout, stderr=err if capture_output else stderr,
-                     env=env, cwd=cwd)
+                     env=env, cwd=cwd, warm_children=warm_children)
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
