@@ -3,6 +3,7 @@
 # each method's resolved grid config, 3 steps of 128 rollouts, 2 threads; RESULTS.md quotes the median of
 # steps 2-3. Reads GRID_RUNS/<method>/seed0/grid_config.yaml (any grid's run directory: the comparison grid,
 # runs/compare_toolworld by default, or the search's, e.g. GRID_RUNS=runs/search2 METHODS="grpo@base lopd@base").
+# A method without a grid run directory is taken as a bundled config's name (METHODS="grpo lopd_compressor").
 # EXTRA: overrides for every run (e.g. EXTRA="train.return_host_memory_from_gib=0"); TAG names the runs.
 #   bash benchmarks/step_times.sh
 set -euo pipefail
@@ -12,7 +13,8 @@ export METHODS=${METHODS:-grpo opsd sdpo skill_sd lopd} TAG=${TAG:-}
 for m in $METHODS; do
   rm -rf "/tmp/lopd-steptime-$m$TAG"
   # shellcheck disable=SC2086
-  $lopd train --config "$grid/$m/seed0/grid_config.yaml" run.dir="/tmp/lopd-steptime-$m$TAG" \
+  config="$grid/$m/seed0/grid_config.yaml"; [ -f "$config" ] || config="$m"
+  $lopd train --config "$config" run.dir="/tmp/lopd-steptime-$m$TAG" \
     train.max_rollouts=384 eval.every_rollouts=0 eval.max_tasks=8 train.threads=2 run.progress=false ${EXTRA:-} >/dev/null 2>&1
 done
 ${PYTHON:-.venv/bin/python} - <<'PY'

@@ -89,6 +89,9 @@ def _release_sessions():
     yield
     while _SESSIONS:
         _SESSIONS.pop().run.release()
+    from lopd.tokens import set_prompt_sharing
+
+    set_prompt_sharing(True)  # a session built with train.share_prompts=false set it for the whole process
 
 
 def session_for(overrides=(), env=None, run_dir=None, config=None):

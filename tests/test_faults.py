@@ -116,7 +116,7 @@ def test_killed_at_a_random_moment_resumes_bit_for_bit(reference, tmp_path, seed
         args = _args(algorithm, run_dir) if not RunDir(run_dir).exists() else ["train", run_dir]
         proc = zygote.Popen(LOPD + [str(a) for a in args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env={**os.environ, "OMP_NUM_THREADS": "2"})
-        time.sleep(rng.uniform(4.0, 25.0))
+        time.sleep(rng.uniform(0.5, 8.0))  # a run takes ~5 s (GRPO) to ~10 s (LOPD) here: start-up, step, checkpoint
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     done = _lopd(["train", run_dir] if RunDir(run_dir).exists() else _args(algorithm, run_dir))

@@ -206,8 +206,9 @@ def test_composer_warmup_and_composer_only_passes_leave_the_student_alone(toolwo
 def test_checkpointing_the_teacher_changes_memory_not_the_update(toolworld):
     results = []
     for on in (False, True):
+        # each row on its own in both (under checkpointing HF turns the prompts' shared cache off)
         s = _session(toolworld, ["algorithm.lopd.gate_init=0.5", "algorithm.lopd.latent_tokens=64",
-                                 f"algorithm.lopd.checkpoint_teacher={str(on).lower()}"])
+                                 f"algorithm.lopd.checkpoint_teacher={str(on).lower()}", "train.share_prompts=false"])
         batch, ctx = _filled(s, toolworld)
         _update(s, batch, ctx)
         results.append(([p.detach().clone() for p in s.model.parameters()],

@@ -4,6 +4,7 @@ resumes bit for bit, and LOPD starts from the file `algorithm.lopd.compressor_in
 line why it cannot)."""
 
 import json
+import math
 import sys
 
 import pytest
@@ -67,8 +68,8 @@ def pretrained(tmp_path_factory):
     whole = tmp_path_factory.mktemp("whole")
     meta = pretrain_compressor(cfg, PretrainSettings(steps=6, **SMALL), whole)
     split = tmp_path_factory.mktemp("split")
-    pretrain_compressor(cfg, PretrainSettings(steps=3, **SMALL), split)
-    (split / "compressor.pt").unlink()
+    assert pretrain_compressor(cfg, PretrainSettings(steps=6, **SMALL), split, stop_after=3) is None
+    assert not (split / "compressor.pt").exists()
     pretrain_compressor(cfg, PretrainSettings(steps=6, **SMALL), split)
     return cfg, whole, split, meta
 
@@ -79,6 +80,9 @@ def test_context_distillation_lowers_the_held_out_kl_ratio(pretrained):
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert all(r["loss/cd"] >= 0 for r in rows)
     assert 0 < meta["held_out_kl_ratio"] < meta["held_out_kl_ratio_at_start"], meta
+    # the cosine schedule by hand: lr * (0.1 + 0.9 * (1 + cos(pi * step / 6)) / 2) at steps 0..5
+    expected = [3e-3 * (0.1 + 0.45 * (1 + math.cos(math.pi * s / 6))) for s in range(6)]
+    assert [r["lr"] for r in rows] == pytest.approx(expected, rel=1e-12)
 
 
 def test_a_stopped_pretraining_resumes_bit_for_bit(pretrained):

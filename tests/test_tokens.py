@@ -353,3 +353,75 @@ def test_a_bf16_head_keeps_the_gradient_direction_when_its_product_is_taken_in_f
         errors[name] = float((got.double() - want).norm() / want.norm())
     # measured: 1.5e-3 in float32 against 0.14 with bf16 logits
     assert errors["float32"] < 1e-2 and errors["model"] > 20 * errors["float32"], errors
+
+
+def _groups(model, tok, prompts, G=3, max_new_tokens=16):
+    """G sampled completions of each prompt, grouped as a rollout batch is ([P0 x G, P1 x G, ...])."""
+    torch.manual_seed(0)
+    return sample(model, tok, [p for p in prompts for _ in range(G)], temperature=1.0, max_new_tokens=max_new_tokens)
+
+
+@pytest.mark.parametrize("with_latents", [False, True])
+def test_rows_that_share_a_prompt_share_its_forward_with_the_same_values_and_gradients(tiny, prompts, with_latents):
+    """`train.share_prompts`: each distinct prompt runs once, its keys and values read by every row's
+    completion. The log-probs, the parameters' gradients and the latent slots' gradients equal one forward
+    per row (float32, to 1e-5); it shares only rows whose prompt (and slots) are the same, and runs each row
+    on its own under activation checkpointing in training."""
+    from lopd.tokens import set_prompt_sharing, shared_prompts
+
+    model, tok = tiny
+    s = _groups(model, tok, prompts[:3])  # 9 rows, 3 distinct prompts
+    first, inverse = shared_prompts(s.prompt_ids, s.prompt_mask, None)
+    assert sorted(first.tolist()) == [0, 3, 6]  # the first row of each group
+    assert len(set(inverse.tolist())) == 3
+    K, H = 4, model.config.hidden_size
+    torch.manual_seed(1)
+    unique = torch.randn(3, K, H) * 0.1
+    latents = None
+    results = []
+    for share in (False, True):
+        set_prompt_sharing(share)
+        try:
+            model.zero_grad()
+            values = unique.clone().requires_grad_()
+            if with_latents:  # one slot set per group, indexed per row (as a composer's output is)
+                rows = values[torch.arange(9) // 3]  # [9, K, H]
+                latents = Latents(rows, torch.ones(9, K, dtype=torch.bool), (s.prompt_mask == 0).sum(-1) + 2)
+            stats = score_completions(model, s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask,
+                                      latents=latents)
+            lp = stats.logprobs()
+            (lp.sum() / s.completion_mask.sum()).backward()
+            results.append((lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+                            values.grad.clone() if with_latents else None))
+        finally:
+            set_prompt_sharing(True)
+    (a, ga, va), (b, gb, vb) = results
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert ga.keys() == gb.keys() and ga
+    for name in ga:
+        torch.testing.assert_close(ga[name], gb[name], atol=1e-5, rtol=1e-4, msg=name)
+    if with_latents:
+        torch.testing.assert_close(va, vb, atol=1e-6, rtol=1e-4)
+        other = Latents(latents.values.detach().clone(), latents.present, latents.at)
+        other.values[1] += 1.0  # one row of the first group reads other slots: that group is not shared
+        assert shared_prompts(s.prompt_ids, s.prompt_mask, other) is None
+    model.zero_grad()
+
+
+def test_prompt_sharing_steps_aside_where_it_cannot_apply(tiny, prompts):
+    """Every prompt distinct: nothing to share. Activation checkpointing in training (HF turns the cache off):
+    one forward per row, the same values."""
+    from lopd.tokens import cache_usable, shared_prompts
+
+    model, tok = tiny
+    s = _groups(model, tok, prompts[:2], G=1)
+    assert shared_prompts(s.prompt_ids, s.prompt_mask, None) is None
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    try:
+        model.train()
+        assert not cache_usable(model)
+        with torch.no_grad():
+            assert cache_usable(model)  # no backward: the cache is fine
+    finally:
+        model.gradient_checkpointing_disable()
+    assert cache_usable(model)

@@ -274,8 +274,11 @@ class Popen:
         return tuple(outs)
 
     def send_signal(self, sig):
-        if self.returncode is None:
-            os.kill(self.pid, sig)
+        if self.poll() is None:  # as subprocess: a process that has ended is not signalled
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
 
     def terminate(self):
         self.send_signal(signal.SIGTERM)

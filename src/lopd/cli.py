@@ -436,6 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="optimizer steps (default 300)")
     p.add_argument("--corpus", help="`toolworld` (default) or a .jsonl of {\"messages\": [...], \"context\": \"...\"} rows")
     p.add_argument("--lr", type=float, help="AdamW learning rate (default 1e-3)")
+    p.add_argument("--schedule", choices=["cosine", "constant"],
+                   help="learning rate over the steps: cosine decay to a tenth (default) or constant")
     p.add_argument("--prompts-per-step", dest="prompts_per_step", type=int, help="corpus prompts per step (default 8)")
     p.add_argument("--group", type=int, help="completions sampled per prompt (default 4)")
     p.add_argument("--held-out", dest="held_out", type=int, help="corpus prompts held out for the KL ratio (default 32)")

@@ -349,6 +349,9 @@ class TrainConfig:
                                       "so the figures in benchmarks/RESULTS.md reproduce to the digit", False)
     activation_checkpointing: bool = _help("recompute the policy's decoder layers in the backward pass (less memory, "
                                            "one more forward)", False)
+    share_prompts: bool = _help("run each distinct prompt of a micro-batch once, its keys and values serving every "
+                                "row that shares it (a sampling group), for the student and every teacher: the "
+                                "same numbers up to float rounding, the prompt's cost divided by the group size", True)
     return_host_memory: bool = _help("on a CPU, give every freed buffer of 1 MiB or more back to the OS during the "
                                      "update (glibc's mmap threshold pinned for the phase, src/lopd/host_memory.py) "
                                      "when one micro-batch keeps at least train.return_host_memory_from_gib of "

@@ -124,9 +124,10 @@ class Loop:
         state.step, state.rollouts, state.tokens = step, state.rollouts + len(everyone), state.tokens + everyone.num_tokens
         state.bad_streak = state.bad_streak + 1 if metrics["health/skipped_steps"] else 0
         row = {"kind": "train", **batch_metrics(everyone, self.cfg.rollout.group_size),
-               **dist.all_mean(s.world, {**ctx.metrics, **engine_metrics}), **metrics, **memory_metrics(s.device)}
+               **dist.all_mean(s.world, {**ctx.metrics, **engine_metrics}), **metrics}
         if self.evaluation_due(previous):
             row.update({"kind": "train+eval", **self.evaluate(timer)})
+        row.update(memory_metrics(s.device))  # the process's peak so far, the evaluation's included
         self.checkpoint_and_log(row, timer)
         self.warn_if_flat()
         self.stop_if_unhealthy()

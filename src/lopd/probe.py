@@ -54,6 +54,7 @@ from lopd.prompts import context_reference, encode_prompt
 from lopd.rollout import RolloutBatch, sample, sample_and_score
 from lopd.session import env_tasks, tasks_for_step
 from lopd.teacher import FrozenTeacher, LatentSlots
+from lopd.tokens import set_prompt_sharing
 
 ROWS = 96  # trajectories scored per teacher forward
 
@@ -97,6 +98,7 @@ class Probe:
         self.out.mkdir(parents=True, exist_ok=True)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
+        set_prompt_sharing(cfg.train.share_prompts)
         torch.manual_seed(cfg.train.seed)
         self.env = build_env(cfg.env)
         self.model, self.tokenizer = load_policy(cfg.model)

@@ -25,6 +25,7 @@ from lopd.errors import ConfigError, LopdError
 from lopd.models import copies_of, load_policy, trainable_parameters
 from lopd.prompts import encode_prompt
 from lopd.runs import RunDir, refuse_another_run, run_dir_for, seed_everything
+from lopd.tokens import set_prompt_sharing
 
 
 @dataclass
@@ -78,6 +79,7 @@ def build(cfg: Config, env: Env | None = None) -> Session:
     algorithm opens its files there. `env`: an Env object instead of `cfg.env`."""
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    set_prompt_sharing(cfg.train.share_prompts)
     per_step = cfg.rollout.tasks_per_step * cfg.rollout.group_size
     total_steps = cfg.train.max_rollouts // per_step
     if total_steps < 1:

@@ -1,7 +1,9 @@
 """Per-token statistics of a model over completions, computed without a [B, T, V] float32 tensor.
 
 `score_completions` runs the backbone once over [prefix ; prompt ; completion] and keeps only the
-hidden states at the positions that predict completion tokens. `TokenStats` turns them into
+hidden states at the positions that predict completion tokens; rows that share a prompt (a sampling group)
+share its forward: the prompt runs once, and its keys and values serve each row's completion
+(`train.share_prompts`). `TokenStats` turns them into
 log-probs chunk by chunk through the output head, so [B, chunk, V] logits are never held for the whole
 sequence; the full-vocabulary divergences of `lopd.losses` run through the same chunks (`per_token`).
 
@@ -23,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from lopd.models import base_model
+from lopd.models import base_model, checkpointing_on
 
 
 DEFAULT_CHUNK = 128  # completion positions per output-head chunk, at most
@@ -242,8 +244,79 @@ def score_completions(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
         prompt, pmask = splice(embeds[:, :P], mask[:, :P], latents)  # [B, P+K, H], [B, P+K]
         embeds, mask = torch.cat([prompt, embeds[:, P:]], dim=1), torch.cat([pmask, mask[:, P:]], dim=1)
         P = prompt.shape[1]
-    # a pad inside the sequence (after EOS) must still see a position; masking keeps it out of attention
-    hidden = decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=positions(mask)).last_hidden_state
-    predicting = hidden[:, P - 1:P + T - 1]  # [B, T, H]: position i predicts token i + 1
+    shared = shared_prompts(prompt_ids, prompt_mask, latents) if _SHARE_PROMPTS[0] and cache_usable(model) else None
+    if shared is not None:
+        predicting = _forward_shared(decoder, embeds, mask, P, T, *shared)
+    else:
+        # a pad inside the sequence (after EOS) must still see a position; masking keeps it out of attention
+        hidden = decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=positions(mask)).last_hidden_state
+        predicting = hidden[:, P - 1:P + T - 1]  # [B, T, H]: position i predicts token i + 1
     return TokenStats(predicting, head, completion_ids.to(device), completion_mask.to(device).float(), temperature,
                       chunk, head_dtype)
+
+
+# ------------------------------------------------------------------------------------------------ shared prompts
+
+_SHARE_PROMPTS = [True]  # process-wide, set from `train.share_prompts` (like torch.set_num_threads from train.threads)
+
+
+def set_prompt_sharing(on: bool) -> None:
+    """Whether `score_completions` runs each distinct prompt of a batch once (`train.share_prompts`)."""
+    _SHARE_PROMPTS[0] = bool(on)
+
+
+def shared_prompts(prompt_ids: Tensor, prompt_mask: Tensor, latents: Latents | None) -> tuple[Tensor, Tensor] | None:
+    """(first, inverse): the first row of each distinct prompt [U] and each row's distinct prompt [B], when
+    some rows share a prompt (a sampling group: one task, G completions; with latents, the same slots too);
+    None when every prompt is distinct."""
+    B = prompt_ids.shape[0]
+    if B < 2:
+        return None
+    _, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1), dim=0,
+                              return_inverse=True)  # [B]
+    U = int(inverse.max()) + 1
+    if U == B:
+        return None
+    first = torch.full((U,), B, dtype=torch.long).scatter_reduce(0, inverse, torch.arange(B), "amin")  # [U]
+    if latents is not None:  # the same ids, but the slots must be the same too
+        again = inverse.to(latents.values.device)
+        f = first.to(latents.values.device)
+        if not (torch.equal(latents.values[f][again], latents.values) and torch.equal(latents.present[f][again],
+                latents.present) and torch.equal(latents.at.to(f.device)[f][again], latents.at.to(f.device))):
+            return None
+    return first, inverse
+
+
+def cache_usable(model: nn.Module) -> bool:
+    """A key/value cache can carry a prompt's forward into its rows' completions: not when the layers are
+    recomputed in the backward pass (HF turns the cache off under activation checkpointing in training)."""
+    return not (checkpointing_on(model) and base_model(model).training and torch.is_grad_enabled())
+
+
+def _forward_shared(decoder: nn.Module, embeds: Tensor, mask: Tensor, P: int, T: int, first: Tensor,
+                    inverse: Tensor) -> Tensor:
+    """The hidden states predicting each completion token, with each distinct prompt run once: its keys and
+    values (a cache, index-selected per row: gradients from every row of a group add up in the one forward)
+    then read by each row's completion. The same numbers as one forward over [prompt ; completion] per row,
+    up to float rounding.   embeds [B, P+T, H], mask [B, P+T] -> [B, T, H]"""
+    device = embeds.device
+    first, inverse = first.to(device), inverse.to(device)
+    prompt_mask = mask[first, :P]  # [U, P]
+    key = "cache" if "cache" in _forward_parameters(type(decoder)) else "past_key_values"
+    out = decoder(inputs_embeds=embeds[first, :P], attention_mask=prompt_mask, position_ids=positions(prompt_mask),
+                  use_cache=True)
+    cache = getattr(out, "cache", None) or out.past_key_values
+    cache.reorder_cache(inverse)  # [U, heads, P, d] -> [B, heads, P, d] per layer
+    last = out.last_hidden_state[inverse, P - 1:P]  # [B, 1, H]: the prompt's last position predicts token 0
+    if T == 1:
+        return last
+    rest = decoder(inputs_embeds=embeds[:, P:P + T - 1], attention_mask=mask[:, :P + T - 1],
+                   position_ids=positions(mask)[:, P:P + T - 1], use_cache=True, **{key: cache}).last_hidden_state
+    return torch.cat([last, rest], dim=1)  # [B, T, H]
+
+
+@functools.cache
+def _forward_parameters(cls: type) -> frozenset[str]:
+    import inspect
+
+    return frozenset(inspect.signature(cls.forward).parameters)

@@ -14,7 +14,8 @@ data that costs no environment reward and no training rollout:
     y         `group` completions per prompt, sampled from the frozen policy without the context at the
               rollout temperature (what the student writes at its first step; nothing is scored)
     loss      KL(pi_T(. | c, x, y<t) || pi_T(. | slots(c), x, y<t)) per token of y, averaged over the step's
-              tokens; AdamW on the compressor only (the teacher's weights stay frozen)
+              tokens; AdamW on the compressor only (the teacher's weights stay frozen), the learning rate
+              decaying by a cosine to a tenth over the steps (`--schedule constant` keeps it)
     held out  the KL ratio KL(text || slots) / KL(text || no context) on a fixed held-out slice of the corpus:
               the share of the text's effect the slots do not carry (LOPD's switch to its latent teacher,
               `algorithm.lopd.latent_from_kl_ratio`, reads the same ratio in the run)
@@ -47,6 +48,7 @@ from lopd.envs.base import DataError, Task, read_jsonl
 from lopd.errors import ConfigError
 from lopd.latent.composer import Compressor, memory_embeddings
 from lopd.teacher import FrozenTeacher, LatentSlots
+from lopd.tokens import set_prompt_sharing
 
 FORMAT = 1  # of compressor.pt
 Example = tuple[tuple[dict, ...], str]  # (the prompt's chat messages, the context)
@@ -58,6 +60,8 @@ class PretrainSettings:
     prompts_per_step: int = 8  # corpus prompts per step; rows per step: prompts_per_step x group
     group: int = 4  # completions sampled per prompt
     lr: float = 1e-3  # AdamW learning rate of the compressor
+    schedule: str = "cosine"  # `cosine`: lr decays to lr_floor x lr at `steps` (a function of step and steps); `constant`
+    lr_floor: float = 0.1  # the cosine schedule's last learning rate, as a fraction of `lr`
     held_out: int = 32  # corpus prompts held out for the KL ratio (x group rows), never trained on
     eval_every: int = 50  # steps between held-out measurements
     save_every: int = 25  # steps between resumable states
@@ -224,15 +228,17 @@ def kl_ratio(teacher: FrozenTeacher, compressor: Compressor, tokenizer, batch, c
 
 
 def pretrain_compressor(cfg: Config, settings: PretrainSettings, out: str | Path,
-                        progress: Callable[[dict], None] | None = None) -> dict:
+                        progress: Callable[[dict], None] | None = None, stop_after: int | None = None) -> dict | None:
     """Train a compressor of `cfg.algorithm.lopd.latent_tokens` slots on the corpus; resumable from
-    `out/state.pt`. Writes `out/compressor.pt` and returns its record (the held-out KL ratio before and after)."""
+    `out/state.pt`. Writes `out/compressor.pt` and returns its record (the held-out KL ratio before and after);
+    `stop_after`: leave after that step with its state saved, as an interrupted pretraining (returns None)."""
     from lopd.models import load_policy
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    set_prompt_sharing(cfg.train.share_prompts)
     seed, K = cfg.train.seed, cfg.algorithm.lopd.latent_tokens
     examples = read_corpus(settings, cfg)
     held, pool = examples[:settings.held_out], examples[settings.held_out:]
@@ -266,8 +272,19 @@ def pretrain_compressor(cfg: Config, settings: PretrainSettings, out: str | Path
         os.replace(tmp, state_path)
         log_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
+    if settings.schedule not in ("cosine", "constant"):
+        raise ConfigError(f"--schedule {settings.schedule!r}: expected cosine or constant")
+
+    def learning_rate(at: int) -> float:
+        if settings.schedule == "constant":
+            return settings.lr
+        done = min(at / max(settings.steps, 1), 1.0)
+        return settings.lr * (settings.lr_floor + (1 - settings.lr_floor) * 0.5 * (1 + math.cos(math.pi * done)))
+
     while step < settings.steps:
         start = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step)
         chosen = random.Random(f"{seed}/{step}").sample(range(len(pool)), settings.prompts_per_step)
         part = [pool[i] for i in chosen]
         batch = no_context_rows(teacher, tokenizer, part, seed=seed * 10**6 + step, **sample_kw)
@@ -280,7 +297,7 @@ def pretrain_compressor(cfg: Config, settings: PretrainSettings, out: str | Path
         torch.nn.utils.clip_grad_norm_(compressor.parameters(), 1.0)
         optimizer.step()
         step += 1
-        row = {"step": step, "loss/cd": loss.item(), "seconds": time.perf_counter() - start}
+        row = {"step": step, "loss/cd": loss.item(), "lr": learning_rate(step - 1), "seconds": time.perf_counter() - start}
         if step % settings.eval_every == 0 or step == settings.steps:
             row["held_out_kl_ratio"] = kl_ratio(teacher, compressor, tokenizer, held_batch, held_contexts)
         if not rows:
@@ -288,8 +305,10 @@ def pretrain_compressor(cfg: Config, settings: PretrainSettings, out: str | Path
         rows.append(row)
         if progress:
             progress(row)
-        if step % settings.save_every == 0 or step == settings.steps:
+        if step % settings.save_every == 0 or step == settings.steps or step == stop_after:
             save_state()
+        if step == stop_after:
+            return None
     last = next(r["held_out_kl_ratio"] for r in reversed(rows) if "held_out_kl_ratio" in r) if rows else first
     meta = {"steps": step, "settings": asdict(settings), "held_out_kl_ratio": last, "held_out_kl_ratio_at_start": first,
             "seed": seed}
