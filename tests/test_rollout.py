@@ -95,3 +95,31 @@ def test_long_prompts_decode_in_smaller_batches_with_the_same_result(tiny, promp
     for i, a in enumerate(alone):
         n = int(a.completion_mask.sum())
         assert torch.equal(bounded.sampler_logprobs[i, :n], a.sampler_logprobs[0, :n])
+
+
+def test_a_groups_prompt_is_read_once_and_decodes_as_if_read_per_row(tiny, prompts):
+    """`train.share_prompts`: the rows of a group (one prompt, G samples) share the prompt's prefill; under the
+    same seed they draw the same completions as with a prefill per row, with the same log-probs (to float
+    rounding), and ragged groups (different prompt lengths) keep their own padding."""
+    from lopd.rollout import shared_prefill
+    from lopd.tokens import set_prompt_sharing
+
+    model, tok = tiny
+    rows = [p for p in prompts[:4] for _ in range(4)]  # 4 groups of 4, prompts of different lengths
+    out = []
+    for share in (False, True):
+        set_prompt_sharing(share)
+        try:
+            torch.manual_seed(7)
+            out.append(sample(model, tok, rows, temperature=1.0, max_new_tokens=32))
+        finally:
+            set_prompt_sharing(True)
+    plain, shared = out
+    assert shared.completions == plain.completions
+    torch.testing.assert_close(shared.sampler_logprobs, plain.sampler_logprobs, atol=1e-4, rtol=0)
+    from lopd.rollout import left_pad
+
+    ids, mask = left_pad(rows, tok.pad_token_id)
+    assert shared_prefill(model, ids, mask)  # it did share
+    ids, mask = left_pad(prompts[:4], tok.pad_token_id)
+    assert shared_prefill(model, ids, mask) == {}  # nothing to share

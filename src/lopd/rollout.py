@@ -174,10 +174,12 @@ def sample(model, tokenizer, prompts: Sequence[Sequence[int]], *, temperature: f
         ids, mask = left_pad(prompts[part.start:part.stop], pad)
         ids, mask = ids.to(device), mask.to(device)
         greedy = temperature <= 0
+        prefilled = {} if synced else shared_prefill(model, ids, mask)  # a group's prompt, read once
         out = model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=not greedy,
             temperature=None if greedy else temperature, top_p=None if greedy or top_p >= 1 else top_p, top_k=None,
-            eos_token_id=eos, pad_token_id=pad, output_logits=True, return_dict_in_generate=True, synced_gpus=synced)
+            eos_token_id=eos, pad_token_id=pad, output_logits=True, return_dict_in_generate=True, synced_gpus=synced,
+            **prefilled)
         completion = out.sequences[:, ids.shape[1]:]  # [b, C]
         scale = 1.0 if greedy else temperature
         chosen = torch.stack([  # step by step, never a [b, C, V] tensor: [b, C]
@@ -192,6 +194,27 @@ def sample(model, tokenizer, prompts: Sequence[Sequence[int]], *, temperature: f
                               truncated.cpu()))
     model.train(was_training)
     return _concat(chunks, pad)
+
+
+def shared_prefill(model, ids: torch.Tensor, mask: torch.Tensor) -> dict:
+    """`generate`'s cache of every prompt but its last token, each distinct prompt run once and its keys and
+    values copied to the rows that share it (a sampling group); {} when every prompt is distinct or sharing
+    is off (`train.share_prompts`). `generate` then reads the last prompt token and decodes as without it.
+    ids, mask: [b, P] left-padded."""
+    from lopd.tokens import decoder_and_head, forward_parameters, positions, prompt_sharing, shared_prompts
+
+    if not prompt_sharing() or ids.shape[1] < 2:
+        return {}
+    shared = shared_prompts(ids.cpu(), mask.cpu(), None)
+    if shared is None:
+        return {}
+    first, inverse = (t.to(ids.device) for t in shared)
+    decoder, _ = decoder_and_head(model)
+    head = mask[first, :-1]  # [U, P-1]
+    out = decoder(input_ids=ids[first, :-1], attention_mask=head, position_ids=positions(head), use_cache=True)
+    cache = getattr(out, "cache", None) or out.past_key_values
+    cache.reorder_cache(inverse)
+    return {"cache" if "cache" in forward_parameters(type(decoder)) else "past_key_values": cache}
 
 
 def _concat(chunks: list[Samples], pad: int) -> Samples:

@@ -244,7 +244,7 @@ def score_completions(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
         prompt, pmask = splice(embeds[:, :P], mask[:, :P], latents)  # [B, P+K, H], [B, P+K]
         embeds, mask = torch.cat([prompt, embeds[:, P:]], dim=1), torch.cat([pmask, mask[:, P:]], dim=1)
         P = prompt.shape[1]
-    shared = shared_prompts(prompt_ids, prompt_mask, latents) if _SHARE_PROMPTS[0] and cache_usable(model) else None
+    shared = shared_prompts(prompt_ids, prompt_mask, latents) if prompt_sharing() and cache_usable(model) else None
     if shared is not None:
         predicting = _forward_shared(decoder, embeds, mask, P, T, *shared)
     else:
@@ -261,8 +261,13 @@ _SHARE_PROMPTS = [True]  # process-wide, set from `train.share_prompts` (like to
 
 
 def set_prompt_sharing(on: bool) -> None:
-    """Whether `score_completions` runs each distinct prompt of a batch once (`train.share_prompts`)."""
+    """Whether `score_completions` and rollout sampling run each distinct prompt of a batch once
+    (`train.share_prompts`)."""
     _SHARE_PROMPTS[0] = bool(on)
+
+
+def prompt_sharing() -> bool:
+    return _SHARE_PROMPTS[0]
 
 
 def shared_prompts(prompt_ids: Tensor, prompt_mask: Tensor, latents: Latents | None) -> tuple[Tensor, Tensor] | None:
@@ -302,7 +307,7 @@ def _forward_shared(decoder: nn.Module, embeds: Tensor, mask: Tensor, P: int, T:
     device = embeds.device
     first, inverse = first.to(device), inverse.to(device)
     prompt_mask = mask[first, :P]  # [U, P]
-    key = "cache" if "cache" in _forward_parameters(type(decoder)) else "past_key_values"
+    key = "cache" if "cache" in forward_parameters(type(decoder)) else "past_key_values"
     out = decoder(inputs_embeds=embeds[first, :P], attention_mask=prompt_mask, position_ids=positions(prompt_mask),
                   use_cache=True)
     cache = getattr(out, "cache", None) or out.past_key_values
@@ -316,7 +321,7 @@ def _forward_shared(decoder: nn.Module, embeds: Tensor, mask: Tensor, P: int, T:
 
 
 @functools.cache
-def _forward_parameters(cls: type) -> frozenset[str]:
+def forward_parameters(cls: type) -> frozenset[str]:
     import inspect
 
     return frozenset(inspect.signature(cls.forward).parameters)
