@@ -121,3 +121,7 @@ def test_lopd_starts_from_the_pretrained_compressor(pretrained, tmp_path):
                          capture_output=True, text=True)
     assert out.returncode != 0 and out.stderr.strip().count("\n") == 0, out.stderr
     assert "algorithm.lopd.compressor_init:" in out.stderr and "no such file" in out.stderr
+    assert "tiny-k16" in out.stderr  # the bundled names are offered
+    # the bundled compressor of the tiny policy loads by name, at its K
+    record = load_compressor(new_compressor(cfg, 16), "tiny-k16", "tiny")
+    assert record["latent_tokens"] == 16 and record["held_out_kl_ratio"] < record["held_out_kl_ratio_at_start"]

@@ -18,6 +18,9 @@ def test_auc_within_groups_by_hand():
     group = [0, 0, 0, 0, 1, 1, 2, 2]
     assert auc_within_groups(delta, success, group) == pytest.approx((3 + 0.5) / 5)
     assert math.isnan(auc_within_groups([0.1, 0.2], [True, True], [0, 0]))
+    # rounding noise is a tie (the `none` source: a forward that batches the same rows differently)
+    assert auc_within_groups([3e-8, -2e-8, 0.0], [True, False, False], [0, 0, 0]) == 0.5
+    assert auc_within_groups([3e-6, -2e-6], [True, False], [0, 0]) == 1.0
 
 
 def test_a_tiny_probe_end_to_end(tmp_path):

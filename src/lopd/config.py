@@ -271,8 +271,9 @@ class LOPDConfig:
                                         "KL(text || slots) / KL(text || no context) falls below this; before, it follows "
                                         "the text teacher, on whose scores the compressor trains (inf: the latent teacher "
                                         "from the first batch)", 0.35)
-    compressor_init: str | None = _help("compressor: a pretrained compressor.pt to start from (`lopd pretrain-compressor`); "
-                                        "none: memory embeddings and an identity map over a fresh copy of the backbone", None)
+    compressor_init: str | None = _help("compressor: a pretrained compressor.pt to start from (`lopd pretrain-compressor`), "
+                                        "or a bundled one's name (tiny-k16: the tiny policy's, K 16); none: memory "
+                                        "embeddings and an identity map over a fresh copy of the backbone", None)
     position: LatentPosition = _help("where the latent slots go in the teacher's prompt", LatentPosition.in_context)
     retrieve_k: int = _help("k: experiences retrieved per task", 4)
     retrieve: bool = _help("condition the composer on retrieved experiences (false: a learned task-independent context)", True)

@@ -75,9 +75,10 @@ class ProbeSettings:
     compressor: str | None = None  # the compressor.pt that `latent:pretrained` reads
 
 
-def auc_within_groups(delta: Sequence[float], success: Sequence[bool], group: Sequence[int]) -> float:
+def auc_within_groups(delta: Sequence[float], success: Sequence[bool], group: Sequence[int], tie: float = 1e-6) -> float:
     """P(Delta(s) > Delta(f)) + P(=)/2 over the (success s, failure f) pairs of one group, all groups pooled;
-    NaN without a mixed group."""
+    NaN without a mixed group. Deltas within `tie` nats/token are equal (float rounding of two forwards that
+    batch the same rows differently, e.g. the `none` source's exact zeros)."""
     wins, pairs = 0.0, 0
     by_group: dict[int, list[int]] = {}
     for i, g in enumerate(group):
@@ -87,7 +88,7 @@ def auc_within_groups(delta: Sequence[float], success: Sequence[bool], group: Se
         bad = [delta[i] for i in members if not success[i]]
         for a in good:
             for b in bad:
-                wins += 1.0 if a > b else 0.5 if a == b else 0.0
+                wins += 0.5 if abs(a - b) <= tie else 1.0 if a > b else 0.0
                 pairs += 1
     return wins / pairs if pairs else math.nan
 
