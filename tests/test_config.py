@@ -103,8 +103,22 @@ def test_include_takes_a_bundled_name_like_config_does(tmp_path):
     with pytest.raises(ConfigError, match=r"bad.yaml:2: include 'nosuch': no such file .* and no bundled config"):
         load_config(tmp_path / "bad.yaml")
     (tmp_path / "bad.yaml").write_text("include: gone.yaml\n")
-    with pytest.raises(ConfigError, match=r"bad.yaml:1: include 'gone.yaml': no such file .*gone.yaml$"):
+    with pytest.raises(ConfigError, match=r"bad.yaml:1: include 'gone.yaml': no such file .*gone.yaml and no bundled"):
         load_config(tmp_path / "bad.yaml")
+    (tmp_path / "bad.yaml").write_text("include: sub/grpo.yaml\n")  # a path is a path: never the bundled grpo
+    with pytest.raises(ConfigError, match=r"bad.yaml:1: include 'sub/grpo.yaml': no such file .*grpo.yaml$"):
+        load_config(tmp_path / "bad.yaml")
+    (tmp_path / "mine.yaml").write_text("include: lopd.yaml\ntrain:\n  max_rollouts: 8\n")  # the file name, too
+    assert load_config(tmp_path / "mine.yaml") == load_config("lopd", ["train.max_rollouts=8"])
+
+
+def test_a_bundled_config_file_name_resolves_where_no_such_file_is(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # `--config demo.yaml` (a grid's `base: demo.yaml`) away from configs/
+    assert load_config("demo.yaml") == load_config("demo")
+    (tmp_path / "demo.yaml").write_text("train:\n  seed: 7\n")  # a file of that name here wins
+    assert load_config("demo.yaml").train.seed == 7
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config("elsewhere/demo.yaml")
 
 
 @pytest.mark.parametrize("args", [

@@ -550,10 +550,11 @@ def _include_path(including: Path, name: str) -> Path:
     path = including.parent / name
     if path.is_file():
         return path
-    if Path(name).suffix not in (".yaml", ".yml") and (bundled := _bundled(name)) is not None:
+    stem = Path(name).stem if Path(name).suffix in (".yaml", ".yml") else name
+    if "/" not in name and (bundled := _bundled(stem)) is not None:  # `include: grpo` or `include: grpo.yaml`, as `--config` takes them
         return bundled
     line = _yaml_line(including, "include")
-    bundled_too = "" if Path(name).suffix in (".yaml", ".yml") else f" and no bundled config ({_bundled_names()})"
+    bundled_too = "" if "/" in name else f" and no bundled config ({_bundled_names()})"
     raise ConfigError(f"{including}{f':{line}' if line else ''}: include '{name}': no such file {path}{bundled_too}")
 
 
@@ -562,10 +563,13 @@ def config_path(name: str | Path | None) -> Path | None:
     if name is None:
         return None
     path = Path(name)
-    if path.is_file() or path.suffix in (".yaml", ".yml"):
+    if path.is_file():
         return path
-    if (bundled := _bundled(str(name))) is not None:
+    if (bundled := _bundled(path.stem if path.suffix in (".yaml", ".yml") else str(name))) is not None \
+            and path.parent == Path("."):  # 'grpo' or 'grpo.yaml' with no such file here: the bundled one
         return bundled
+    if path.suffix in (".yaml", ".yml"):
+        return path
     raise ConfigError(f"--config: '{name}' is neither a file nor a bundled config ({_bundled_names()})")
 
 
