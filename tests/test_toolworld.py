@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lopd.envs.calls import Call, ParseFailure, parse_calls, render_calls
-from lopd.envs.toolworld import SPLITS, ToolWorld, ToolWorldConfig, check_calls, sft_examples
+from lopd.envs.toolworld import SPLITS, ToolWorld, ToolWorldConfig, check_calls, sft_examples, shot_turns
 from lopd.errors import ConfigError, DataError
 
 
@@ -270,3 +270,23 @@ def test_malformed_rows_name_file_line_and_key(env, tmp_path):
 def test_unknown_split_is_a_config_error(env):
     with pytest.raises(ConfigError, match="no split 'dev'"):
         env.tasks("dev")
+
+
+def test_shots_are_worked_examples_before_the_request_and_change_nothing_else(env):
+    """env.toolworld.shots: the same worked examples before every request, of tools no split uses; the
+    tasks' system message, request, answer and everything else unchanged, and shots=0 is the plain task."""
+    shot = ToolWorld(ToolWorldConfig(shots=3))
+    turns = shot_turns(3)
+    assert len(turns) == 6 and [t["role"] for t in turns] == ["user", "assistant"] * 3
+    assert shot_turns(3) == turns and shot_turns(3, seed=1) != turns  # seeded
+    task_tools = {t["name"] for split in SPLITS for task in env.tasks(split) for t in task.meta["tools"]}
+    for t in turns[1::2]:
+        (call,) = parse_calls(t["content"])  # a call in the format the env parses
+        assert call.name not in task_tools
+    for split in SPLITS:
+        for plain, with_shots in zip(env.tasks(split), shot.tasks(split)):
+            assert len(plain.messages) == 2
+            assert with_shots.messages == (plain.messages[0], *turns, plain.messages[1])
+            assert (with_shots.id, with_shots.answer, with_shots.category, with_shots.meta) == \
+                (plain.id, plain.answer, plain.category, plain.meta)
+            assert shot.score(with_shots, render_calls([Call(**a) for a in plain.answer])).success

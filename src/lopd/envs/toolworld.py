@@ -53,6 +53,7 @@ class ToolWorldConfig:
     distractors: int = 1  # other tools shown next to the right one
     reward: RewardMode = RewardMode.binary  # binary: 1 if the call is right; partial: fraction of right arguments
     data_dir: str | None = None  # read {train,val,test,transfer}.jsonl from here instead of generating (those used)
+    shots: int = 0  # worked examples as chat turns before each request (`sft`-pool tools: the format, no task's conventions)
 
 
 # ----------------------------------------------------------------------------------- tools
@@ -240,10 +241,26 @@ def task_messages(tools: Sequence[dict], request: str) -> tuple[dict, ...]:
     return ({"role": "system", "content": system}, {"role": "user", "content": request})
 
 
-def _task(task_id: str, category: str, tools: list[dict], request: str, answer: list[Call], extra=None) -> Task:
+def shot_turns(n: int, seed: int = 0, hidden_per_tool: int = 2) -> tuple[dict, ...]:
+    """n worked examples as (user request, assistant call) turns, for a pretrained chat model that does not
+    know the call format: each a request to a fresh `sft`-pool tool (never a tool of any split) and its call,
+    whose schema is not shown and whose conventions are its own, so the shots teach the call format and
+    nothing about any task tool's conventions. The same turns for every task of an env (seeded)."""
+    rng = random.Random(f"toolworld/{seed}/shots")
+    turns: list[dict] = []
+    for _ in range(n):
+        tool, _, _ = _sft_tools(rng, hidden_per_tool, 0)
+        request, call = make_request(tool, rng)
+        turns += [{"role": "user", "content": request}, {"role": "assistant", "content": call.render()}]
+    return tuple(turns)
+
+
+def _task(task_id: str, category: str, tools: list[dict], request: str, answer: list[Call], extra=None,
+          shots: tuple[dict, ...] = ()) -> Task:
     answer_json = [{"name": c.name, "arguments": c.arguments} for c in answer]
     meta = {"tools": tools, "request": request, **(extra or {})}
-    return Task(task_id, task_messages(tools, request), answer_json, category, meta)
+    system, user = task_messages(tools, request)
+    return Task(task_id, (system, *shots, user), answer_json, category, meta)
 
 
 # ------------------------------------------------------------------------------------ env
@@ -259,6 +276,7 @@ class ToolWorld:
             raise ConfigError(f"env.toolworld.reward: '{reward}' is not one of {', '.join(REWARD_MODES)}")
         self.reward_mode = reward
         self._splits: dict[str, list[Task]] = {}
+        self._shots = shot_turns(self.config.shots, self.config.seed, self.config.hidden_per_tool)
 
     def splits(self) -> Sequence[str]:
         return SPLITS
@@ -295,7 +313,7 @@ class ToolWorld:
             shown = [tool, *others]
             rng.shuffle(shown)
             out.append(_task(f"{split}-{len(out)}", tool.name, [t.schema() for t in shown], request, [call],
-                             {"conventions": tool.conventions()}))
+                             {"conventions": tool.conventions()}, self._shots))
         return out
 
     def _load(self, split: str) -> list[Task]:
@@ -315,7 +333,8 @@ class ToolWorld:
                 if call.name not in names:
                     raise DataError(f"{path}: row {lineno} (id {row['id']!r}): ground_truth calls '{call.name}', "
                                     f"which is not among its functions ({', '.join(names)})")
-            out.append(_task(str(row["id"]), row.get("category", answer[0].name), tools, request, answer))
+            out.append(_task(str(row["id"]), row.get("category", answer[0].name), tools, request, answer,
+                             shots=self._shots))
         return out
 
     def export(self, folder: str | Path) -> None:
