@@ -19,7 +19,7 @@ measure toolworld_3_shots configs/toolworld_smollm2.yaml env.toolworld.shots=3
 measure bfcl_simple_python configs/bfcl_grpo.yaml model.name=smollm2-135m model.dtype=float32 train.device=cpu \
     'env.bfcl.categories=[simple_python]' rollout.max_new_tokens=64 rollout.group_size=8
 if [ ! -f runs/smollm2_sft/config.json ]; then
-    $PY scripts/sft_lora.py --model smollm2-135m --steps 150 --out runs/smollm2_sft | tee "$OUT/sft_lora.log"
+    $PY scripts/sft_lora.py --model smollm2-135m --steps 40 --batch-size 8 --eval-every 20 --eval-tasks 50 --out runs/smollm2_sft | tee "$OUT/sft_lora.log"
     cp runs/smollm2_sft/training_log.json "$OUT/sft_lora_training_log.json"
 fi
 measure toolworld_after_sft configs/toolworld_smollm2.yaml model.name=runs/smollm2_sft env.toolworld.shots=0

@@ -8,7 +8,7 @@ context, not any task tool's hidden conventions, so RL still has something to le
 into the weights and the result saved as a Hugging Face folder that `model.name=FOLDER` loads (add
 `model.lora.enabled=true` to train a fresh adapter on top in RL).
 
-    .venv/bin/python scripts/sft_lora.py --model smollm2-135m --steps 150 --out runs/smollm2_sft
+    .venv/bin/python scripts/sft_lora.py --model smollm2-135m --steps 40 --batch-size 8 --out runs/smollm2_sft
     lopd train --config configs/toolworld_smollm2.yaml model.name=runs/smollm2_sft
 
 Choices are read on `val` (greedy, with and without two same-tool examples as context), never on `test`.
@@ -31,6 +31,7 @@ from lopd.envs.toolworld import ToolWorld, ToolWorldConfig, sft_examples
 from lopd.models import load_policy
 from lopd.prompts import context_examples, encode_prompt
 from lopd.rollout import sample
+from lopd.tokens import positions
 
 
 def encode(tokenizer, messages, target: str, context) -> tuple[list[int], int]:
@@ -40,7 +41,8 @@ def encode(tokenizer, messages, target: str, context) -> tuple[list[int], int]:
 
 
 def batches(examples, batch_size: int, rng: random.Random, pad_id: int):
-    """Length-bucketed shuffled batches, right-padded: (ids [b, T], labels [b, T], mask [b, T])."""
+    """Length-bucketed shuffled batches, left-padded so that every row's target ends the sequence:
+    (ids [b, T], labels [b, T], mask [b, T]); labels -100 outside the targets."""
     order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]) + rng.random())
     groups = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     rng.shuffle(groups)
@@ -51,10 +53,18 @@ def batches(examples, batch_size: int, rng: random.Random, pad_id: int):
         mask = torch.zeros(len(g), width, dtype=torch.long)
         for row, i in enumerate(g):
             seq, n_prompt = examples[i]
-            ids[row, :len(seq)] = torch.tensor(seq)
-            labels[row, n_prompt:len(seq)] = torch.tensor(seq[n_prompt:])
-            mask[row, :len(seq)] = 1
+            ids[row, width - len(seq):] = torch.tensor(seq)
+            labels[row, width - len(seq) + n_prompt:] = torch.tensor(seq[n_prompt:])
+            mask[row, width - len(seq):] = 1
         yield ids, labels, mask
+
+
+def target_loss(model, ids, labels, mask):
+    """Mean cross-entropy over the target tokens, the vocabulary's logits computed only at the last K
+    positions (every target ends its row): a [b, K, V] block instead of [b, T, V]."""
+    K = int((labels != -100).sum(1).max()) + 1
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), logits_to_keep=K).logits
+    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, -K + 1:].flatten())
 
 
 @torch.no_grad()
@@ -79,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="smollm2-135m", help="a lopd model name or a Hugging Face folder")
     ap.add_argument("--out", required=True, help="the merged model folder to write")
     ap.add_argument("--examples", type=int, default=4000)
-    ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--r", type=int, default=16, help="LoRA rank (alpha = 2r, every projection)")
     ap.add_argument("--eval-every", type=int, default=50)
@@ -111,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     while step < args.steps:
         for ids, labels, mask in batches(examples, args.batch_size, rng, pad):
             model.train()
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss = target_loss(model, ids, labels, mask)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trained, 1.0)
