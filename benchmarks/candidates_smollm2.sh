@@ -23,3 +23,9 @@ if [ ! -f runs/smollm2_sft/config.json ]; then
     cp runs/smollm2_sft/training_log.json "$OUT/sft_lora_training_log.json"
 fi
 measure toolworld_after_sft configs/toolworld_smollm2.yaml model.name=runs/smollm2_sft env.toolworld.shots=0
+# a longer SFT (120 steps of 8, about 13 min): does more of the call format give the groups variance?
+if [ ! -f runs/smollm2_sft120/config.json ]; then
+    $PY scripts/sft_lora.py --steps 120 --eval-every 60 --eval-tasks 50 --out runs/smollm2_sft120 > "$OUT/sft_lora_120.log" 2>&1
+    cp runs/smollm2_sft120/training_log.json "$OUT/sft_lora_120_training_log.json"
+fi
+measure toolworld_after_sft120 configs/toolworld_smollm2.yaml model.name=runs/smollm2_sft120 env.toolworld.shots=0
