@@ -14,8 +14,8 @@ measure() {  # name, config, overrides...
     $PY benchmarks/sampling_variance.py --config "$config" --tasks 24 --temperatures 0.7 1.0 \
         --out "$OUT/$name.json" train.threads=2 "$@"
 }
-measure toolworld_zero_shot configs/toolworld_smollm2.yaml env.toolworld.shots=0
-measure toolworld_3_shots configs/toolworld_smollm2.yaml env.toolworld.shots=3
+measure toolworld_zero_shot configs/toolworld_smollm2.yaml model.name=smollm2-135m env.toolworld.shots=0
+measure toolworld_3_shots configs/toolworld_smollm2.yaml model.name=smollm2-135m env.toolworld.shots=3
 measure bfcl_simple_python configs/bfcl_grpo.yaml model.name=smollm2-135m model.dtype=float32 train.device=cpu \
     'env.bfcl.categories=[simple_python]' rollout.max_new_tokens=64 rollout.group_size=8
 if [ ! -f runs/smollm2_sft/config.json ]; then

@@ -9,7 +9,7 @@ into the weights and the result saved as a Hugging Face folder that `model.name=
 `model.lora.enabled=true` to train a fresh adapter on top in RL).
 
     .venv/bin/python scripts/sft_lora.py --model smollm2-135m --steps 40 --batch-size 8 --out runs/smollm2_sft
-    lopd train --config configs/toolworld_smollm2.yaml model.name=runs/smollm2_sft
+    lopd compare --config configs/compare_toolworld_smollm2.yaml     # model.name: runs/smollm2_sft120
 
 Choices are read on `val` (greedy, with and without two same-tool examples as context), never on `test`.
 Deterministic for a given seed and thread count.
