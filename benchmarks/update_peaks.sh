@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Each method's per-phase step time and resident-memory peak on SmolLM2-135M-Instruct + LoRA on HumanEval
 # (configs/humaneval_smollm2.yaml after the method's own config), against the update planner's budget:
-# STEPS steps of TASKS x 8 rollouts, no evaluation, one run at a time on both cores. RESULTS.md section 20.
+# STEPS steps of TASKS x 8 rollouts, evaluations cut to 2 problems (at start and end), one run at a time on both cores. RESULTS.md section 20.
 # BUDGET sets train.memory_budget_gib (10, the grid's); EXTRA adds overrides to every run; TAG names the runs.
 #   bash benchmarks/update_peaks.sh                      # METHODS="grpo opsd lopd" STEPS=3 TASKS=4
 set -euo pipefail
@@ -15,7 +15,7 @@ for m in $METHODS; do
   printf 'include: [%s.yaml, humaneval_smollm2.yaml]\n' "$m" > "$cfg"
   # shellcheck disable=SC2086
   /usr/bin/time -v -o "$dir.time" $lopd train --config "$cfg" run.dir="$dir" rollout.tasks_per_step="$tasks" \
-    rollout.batch_size=$((tasks * 8)) train.max_rollouts=$((steps * tasks * 8)) eval.every_rollouts=0 \
+    rollout.batch_size=$((tasks * 8)) train.max_rollouts=$((steps * tasks * 8)) eval.every_rollouts=0 eval.max_tasks=2 \
     train.memory_budget_gib="$BUDGET" train.threads=2 run.progress=false ${EXTRA:-} > "$dir.log" 2>&1
 done
 ${PYTHON:-.venv/bin/python} - <<'PY'

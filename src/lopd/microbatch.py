@@ -66,23 +66,31 @@ def kept_bytes_per_token(model, sequence_length: int) -> int:
     if key not in cache:
         params = {p.untyped_storage().data_ptr() for p in model.parameters()}
         kept: dict[int, int] = {}
+        alive: list[Tensor] = []  # every saved tensor stays alive until the count is done (no address reused)
 
-        def pack(t: Tensor) -> Tensor:
+        def pack(t: Tensor) -> None:
             storage = t.untyped_storage()
             if storage.data_ptr() not in params:
                 kept[storage.data_ptr()] = storage.nbytes()
-            return t
+            alive.append(t)
+            # Nothing goes into the graph: a graph that saved `t` itself (an output of the node that saves it)
+            # is a cycle through C++ that the garbage collector never frees, and each measured length leaked its
+            # whole forward (1.3 GiB at SmolLM2's 512 tokens, step after step: benchmarks/RESULTS.md section 20).
 
         device = next(model.parameters()).device
         mask = torch.ones(2, length, dtype=torch.long, device=device)
         mask[1, 0] = 0  # a left-padded row: the attention mask is real, as in a training batch
         ids = torch.zeros(2, length, dtype=torch.long, device=device)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.enable_grad(), \
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = decoder(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).last_hidden_state
-            del out
+                torch.autograd.graph.saved_tensors_hooks(pack, _never_unpacked):
+            decoder(input_ids=ids, attention_mask=mask, position_ids=positions(mask))
+        alive.clear()
         cache[key] = sum(kept.values()) // (2 * length)
     return cache[key]
+
+
+def _never_unpacked(packed: None) -> Tensor:
+    raise RuntimeError("the planner's measuring forward has no backward pass")
 
 
 def trained_state_bytes(model) -> int:
