@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+from contextlib import contextmanager
 import sys
 import time
 
@@ -79,8 +80,6 @@ def main(argv: list[str]) -> None:
     from lopd.cli import main as cli_main
 
     original = run_io.Timer.__call__
-    step = [0]
-
     def report(phase: str) -> None:
         gc.collect()
         rss = (host_memory.rss_kib() or 0) / 2**20
@@ -90,8 +89,6 @@ def main(argv: list[str]) -> None:
         if phase == "remember":
             for line in largest_groups():
                 print("[heap]    ", line, flush=True)
-
-    from contextlib import contextmanager
 
     @contextmanager
     def timed(self, phase: str):
