@@ -35,7 +35,6 @@ import fcntl
 import hashlib
 import json
 import os
-import random
 import re
 import shutil
 import sys
@@ -46,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from lopd.errors import ConfigError, LopdError
+from lopd.seeding import rng_state, set_rng_state
 
 CHECKPOINT_PREFIX = "step_"
 MANIFEST = "manifest.json"
@@ -473,34 +473,6 @@ def how_it_ended(status: dict) -> str:
     if state == "finished":
         return "finished (the run is being extended)"
     return f"unknown ({status})"
-
-
-def rng_state() -> dict:
-    import numpy as np
-    import torch
-
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-
-
-def set_rng_state(state: dict) -> None:
-    import numpy as np
-    import torch
-
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def seed_everything(seed: int) -> None:
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 # ------------------------------------------------------------------------------ naming and resuming a run

@@ -24,7 +24,8 @@ from lopd.envs import Env, Task, build_env, object_env_name, record_bundled_sett
 from lopd.errors import ConfigError, LopdError
 from lopd.models import copies_of, load_policy, trainable_parameters
 from lopd.prompts import encode_prompt
-from lopd.runs import RunDir, refuse_another_run, run_dir_for, seed_everything
+from lopd.runs import RunDir, refuse_another_run, run_dir_for
+from lopd.seeding import seed_everything
 from lopd.tokens import set_prompt_sharing
 
 
