@@ -9,6 +9,12 @@ one of them solves and McNemar's exact p-value for the difference (paired by pro
 
     .venv/bin/python benchmarks/eval_outcomes.py runs/humaneval_smollm2/grpo/seed0 runs/humaneval_smollm2/lopd/seed0
     .venv/bin/python benchmarks/eval_outcomes.py RUN_DIR ... --split test --json out.json
+
+`--gain` instead reads the runs as seeds of one method: each run's first against its last evaluation (tasks
+gained and lost, McNemar), then the mean gain with two 95% intervals: Student t over the runs (what another
+seed may do) and a paired bootstrap over the tasks, the runs averaged (what another draw of tasks may do).
+
+    .venv/bin/python benchmarks/eval_outcomes.py runs/compare_toolworld_smollm2/grpo/seed* --split val --gain
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import re
+import statistics
 from collections import Counter
 from pathlib import Path
 
@@ -71,12 +79,62 @@ def summarise(run: Path, split: str) -> list[dict]:
     return rows
 
 
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}  # two-sided t
+
+
+def gain(runs: list[Path], split: str, resamples: int = 10_000, seed: int = 0) -> dict:
+    """Each run's first vs last evaluation of `split`, and the mean gain's 95% intervals over runs (t) and
+    over tasks (paired bootstrap, runs averaged). Gains are in success-rate units."""
+    pairs = []
+    for run in runs:
+        evals = evaluations(run, split)
+        if len(evals) < 2:
+            raise SystemExit(f"{run}: fewer than two evaluations of '{split}'")
+        pairs.append((evals[min(evals)], evals[max(evals)]))
+    ids = sorted(set.intersection(*(set(a) & set(b) for a, b in pairs)))
+    per_run = []
+    for run, (a, b) in zip(runs, pairs):
+        gained = sum(b[i]["success"] and not a[i]["success"] for i in ids)
+        lost = sum(a[i]["success"] and not b[i]["success"] for i in ids)
+        per_run.append({"run": str(run), "first": sum(a[i]["success"] for i in ids) / len(ids),
+                        "last": sum(b[i]["success"] for i in ids) / len(ids), "gained": gained, "lost": lost,
+                        "p_mcnemar": mcnemar_exact(gained, lost)})
+    diff = {i: statistics.fmean(float(b[i]["success"]) - float(a[i]["success"]) for a, b in pairs) for i in ids}
+    mean = statistics.fmean(diff.values())
+    rng = random.Random(seed)
+    boots = sorted(statistics.fmean(diff[rng.choice(ids)] for _ in ids) for _ in range(resamples))
+    out = {"tasks": len(ids), "mean_gain": mean,
+           "task_bootstrap95": [boots[int(0.025 * resamples)], boots[int(0.975 * resamples) - 1]], "runs": per_run}
+    if len(runs) > 1:
+        gains = [r["last"] - r["first"] for r in per_run]
+        half = T95.get(len(gains) - 1, 1.96) * statistics.stdev(gains) / math.sqrt(len(gains))
+        out["seed_t95"] = [mean - half, mean + half]
+    return out
+
+
+def print_gain(g: dict, split: str) -> None:
+    print(f"| run | first | last | gained / lost | exact McNemar p |\n|---|---:|---:|---:|---:|")
+    for r in g["runs"]:
+        print(f"| {r['run']} | {r['first']:.1%} | {r['last']:.1%} | {r['gained']} / {r['lost']} | {r['p_mcnemar']:.2g} |")
+    lo, hi = g["task_bootstrap95"]
+    seeds = f", over runs (t) [{g['seed_t95'][0]:+.1%}, {g['seed_t95'][1]:+.1%}]" if "seed_t95" in g else ""
+    print(f"\nmean gain on {split} ({g['tasks']} tasks): {g['mean_gain']:+.1%}; 95% intervals: over tasks "
+          f"(paired bootstrap) [{lo:+.1%}, {hi:+.1%}]{seeds}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path, help="run directories (each with samples/)")
     ap.add_argument("--split", default="test")
     ap.add_argument("--json", type=Path, help="also write everything here")
+    ap.add_argument("--gain", action="store_true", help="the runs are seeds of one method: first vs last evaluation")
     args = ap.parse_args()
+    if args.gain:
+        g = gain(args.runs, args.split)
+        print_gain(g, args.split)
+        if args.json:
+            args.json.write_text(json.dumps({"split": args.split, **g}, indent=1) + "\n")
+        return
     report = {str(run): summarise(run, args.split) for run in args.runs}
     for run, rows in report.items():
         print(f"\n{run} ({args.split})")

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Per-phase time of one training step of each method, measured alone (no other run sharing the cores):
-# each method's resolved grid config, 3 steps of 128 rollouts, 2 threads; RESULTS.md quotes the median of
-# steps 2-3. Reads GRID_RUNS/<method>/seed0/grid_config.yaml (any grid's run directory: the comparison grid,
-# runs/compare_toolworld by default, or the search's, e.g. GRID_RUNS=runs/search2 METHODS="grpo@base lopd@base").
+# each method's resolved grid config, 384 rollouts, 2 threads; the median over the steps after the first
+# (the step column: the median of the steps' sums). Reads GRID_RUNS/<method>/seed0/grid_config.yaml (any
+# grid's run directory: the comparison grid, runs/compare_toolworld by default, or the search's, e.g.
+# GRID_RUNS=runs/search2 METHODS="grpo@base lopd@base").
 # A method without a grid run directory is taken as a bundled config's name (METHODS="grpo lopd_compressor").
 # EXTRA: overrides for every run (e.g. EXTRA="train.return_host_memory_from_gib=0"); TAG names the runs.
 #   bash benchmarks/step_times.sh
@@ -19,14 +20,16 @@ for m in $METHODS; do
 done
 ${PYTHON:-.venv/bin/python} - <<'PY'
 import json, os, statistics
-print("| method | rollout | context | update | remember | step | peak RSS GiB | host memory returned |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|")
+phases = ("sync", "rollout", "score", "correct", "context", "update", "remember")  # sync, correct: vLLM only
+print("| method | " + " | ".join(phases) + " | step | peak RSS GiB | host memory returned |")
+print("|---|" + "---:|" * (len(phases) + 3))
 for m in os.environ["METHODS"].split():
     rows = [json.loads(l) for l in open(f"/tmp/lopd-steptime-{m}{os.environ['TAG']}/metrics.jsonl")]
     rows = [r for r in rows if r["kind"].startswith("train")][1:]
-    med = {p: statistics.median(r.get(f"time/{p}", 0.0) for r in rows) for p in ("rollout", "context", "update", "remember")}
+    med = {p: statistics.median(r.get(f"time/{p}", 0.0) for r in rows) for p in phases}
     peak = max(r.get("memory/peak_rss_gib", 0.0) for r in rows)
     returned = sum(r.get("memory/returned_to_os", 0.0) for r in rows) / len(rows)
+    step = statistics.median(sum(r.get(f"time/{p}", 0.0) for p in phases) for r in rows)
     print(f"| {m}{os.environ['TAG']} | " + " | ".join(f"{v:.2f}" for v in med.values()) +
-          f" | {sum(med.values()):.2f} | {peak:.2f} | {returned:.0%} |")
+          f" | {step:.2f} | {peak:.2f} | {returned:.0%} |")
 PY

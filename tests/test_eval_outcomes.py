@@ -46,3 +46,28 @@ def test_summary_of_a_run_directory(tmp_path):
     assert rows[0]["failures"] == {"SyntaxError": 2}
     with pytest.raises(SystemExit, match="no samples/val_step"):
         eval_outcomes.summarise(a, "val")
+
+
+def test_gain_over_seeds_and_tasks_by_hand(tmp_path):
+    def write(run, step, passes):
+        (run / "samples").mkdir(parents=True, exist_ok=True)
+        rows = [{"id": f"t{i}", "completion": "c", "success": ok} for i, ok in enumerate(passes)]
+        (run / "samples" / f"val_step{step:06d}.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
+
+    a, b = tmp_path / "seed0", tmp_path / "seed1"
+    write(a, 0, [False, False, True, False])
+    write(a, 8, [True, True, True, False])  # +2 of 4: gained 2, lost 0
+    write(b, 0, [False, True, False, False])
+    write(b, 8, [False, False, False, True])  # 0 of 4: gained 1, lost 1
+    g = eval_outcomes.gain([a, b], "val", resamples=2000)
+    assert [(r["gained"], r["lost"]) for r in g["runs"]] == [(2, 0), (1, 1)]
+    assert g["runs"][0]["p_mcnemar"] == pytest.approx(0.5) and g["runs"][1]["p_mcnemar"] == 1.0
+    assert g["mean_gain"] == pytest.approx(0.25)  # per task, seeds averaged: 0.5, 0, 0, 0.5
+    # over seeds: gains 0.5 and 0.0, sd sqrt(0.125), t(1) = 12.706
+    half = 12.706 * math.sqrt(0.125) / math.sqrt(2)
+    assert g["seed_t95"] == pytest.approx([0.25 - half, 0.25 + half])
+    lo, hi = g["task_bootstrap95"]  # resampled means of {0.5, 0, 0, 0.5}: within [0, 0.5], around 0.25
+    assert 0.0 <= lo < 0.25 < hi <= 0.5
+    with pytest.raises(SystemExit, match="fewer than two evaluations"):
+        write(tmp_path / "once", 0, [True])
+        eval_outcomes.gain([tmp_path / "once"], "val")

@@ -196,6 +196,9 @@ class RolloutConfig:
     vllm_python: str = _help("the Python that has vllm, for the server (empty: $LOPD_VLLM_PYTHON, this one, "
                              "or .venv-vllm)", "")
     vllm_dtype: str = _help("the server's dtype: float32, bfloat16 or float16", "float32")
+    vllm_threads: int = _help("CPU threads of a server the run starts (its OMP_NUM_THREADS; 0 = inherit); the "
+                              "trainer waits while the server samples, so on a CPU-only machine the server may "
+                              "take the trainer's cores", 1)
     vllm_verify_every: int = _help("check every this many syncs that the server samples the current policy "
                                    "(log-probs of a fixed prompt; 0 = only the first)", 0)
     is_cap: float = _help("cap of the truncated importance weights pi_trainer / pi_sampler (vllm engine)", 2.0)
@@ -628,6 +631,7 @@ RANGES = [  # (dotted key, lowest, highest, inclusive at the bottom): values the
     ("rollout.tasks_per_step", 1, float("inf"), True),
     ("rollout.group_size", 1, float("inf"), True),
     ("rollout.max_new_tokens", 1, float("inf"), True),
+    ("rollout.vllm_threads", 0, float("inf"), True),
     ("train.micro_batch_size", 0, float("inf"), True),
     ("train.micro_batch_tokens", 0, float("inf"), True),
     ("train.memory_budget_gib", 0, float("inf"), False),

@@ -506,7 +506,8 @@ def run_dir_for(cfg) -> Path:
 RESUMABLE = ("train.max_rollouts", "train.max_bad_steps", "train.flat_reward_steps", "eval.", "env.eval_splits",
              "run.", "train.device", "train.threads", "train.fsdp", "train.memory_budget_gib",
              "train.micro_batch_size", "train.micro_batch_tokens", "train.activation_checkpointing", "train.share_prompts",
-             "train.return_host_memory", "rollout.vllm_url", "rollout.vllm_python", "rollout.vllm_verify_every")
+             "train.return_host_memory", "rollout.vllm_url", "rollout.vllm_python", "rollout.vllm_verify_every",
+             "rollout.vllm_threads")
 ENV_KEYS = ("env.name", "env.options", "env.train_split", "env.toolworld.", "env.bfcl.", "env.acebench.",
             "env.humaneval.")  # which task the run trains on
 

@@ -54,7 +54,8 @@ class RolloutSync:
             self.engine = VLLMEngine.launch(model_folder, tokenizer, python=vllm_python(r.vllm_python or None),
                                             dtype=r.vllm_dtype, enable_lora=is_lora(model),
                                             max_lora_rank=max(lora.r, 8), full_weight_sync=not is_lora(model),
-                                            seed=cfg.train.seed, max_model_len=4096)
+                                            seed=cfg.train.seed, max_model_len=4096,
+                                            threads=r.vllm_threads or None)
         self.probe: list[int] | None = None
 
     def rollouts(self, model, tasks, timer, *, seeds=None, first_group: int = 0):
