@@ -113,7 +113,7 @@ def gain(runs: list[Path], split: str, resamples: int = 10_000, seed: int = 0) -
 
 
 def print_gain(g: dict, split: str) -> None:
-    print(f"| run | first | last | gained / lost | exact McNemar p |\n|---|---:|---:|---:|---:|")
+    print("| run | first | last | gained / lost | exact McNemar p |\n|---|---:|---:|---:|---:|")
     for r in g["runs"]:
         print(f"| {r['run']} | {r['first']:.1%} | {r['last']:.1%} | {r['gained']} / {r['lost']} | {r['p_mcnemar']:.2g} |")
     lo, hi = g["task_bootstrap95"]
