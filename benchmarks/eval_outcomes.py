@@ -13,8 +13,12 @@ one of them solves and McNemar's exact p-value for the difference (paired by pro
 `--gain` instead reads the runs as seeds of one method: each run's first against its last evaluation (tasks
 gained and lost, McNemar), then the mean gain with two 95% intervals: Student t over the runs (what another
 seed may do) and a paired bootstrap over the tasks, the runs averaged (what another draw of tasks may do).
+`--versus REF_RUN ...` does the same for the runs' last evaluations against those of a reference method's
+runs of the same seed (paired by directory name): a method's difference from GRPO, seed by seed.
 
     .venv/bin/python benchmarks/eval_outcomes.py runs/compare_toolworld_smollm2/grpo/seed* --split val --gain
+    .venv/bin/python benchmarks/eval_outcomes.py runs/compare_toolworld_smollm2/lopd/seed* --split val \
+        --versus runs/compare_toolworld_smollm2/grpo/seed*
 """
 
 from __future__ import annotations
@@ -82,44 +86,72 @@ def summarise(run: Path, split: str) -> list[dict]:
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}  # two-sided t
 
 
-def gain(runs: list[Path], split: str, resamples: int = 10_000, seed: int = 0) -> dict:
-    """Each run's first vs last evaluation of `split`, and the mean gain's 95% intervals over runs (t) and
-    over tasks (paired bootstrap, runs averaged). Gains are in success-rate units."""
-    pairs = []
-    for run in runs:
-        evals = evaluations(run, split)
-        if len(evals) < 2:
-            raise SystemExit(f"{run}: fewer than two evaluations of '{split}'")
-        pairs.append((evals[min(evals)], evals[max(evals)]))
-    ids = sorted(set.intersection(*(set(a) & set(b) for a, b in pairs)))
-    per_run = []
-    for run, (a, b) in zip(runs, pairs):
+def paired(pairs: list[tuple[str, dict, dict]], resamples: int = 10_000, seed: int = 0) -> dict:
+    """Pairs (label, A, B) of evaluations (problem id -> sample row): per pair the tasks B solves and A not
+    ("gained") and the reverse ("lost"), McNemar; then the mean of B - A with two 95% intervals: Student t over
+    the pairs (what another seed may do) and a paired bootstrap over the tasks, the pairs averaged (what another
+    draw of tasks may do). Success-rate units, over the tasks every evaluation shares."""
+    ids = sorted(set.intersection(*(set(a) & set(b) for _, a, b in pairs)))
+    if not ids:
+        raise SystemExit("the evaluations share no task")
+    per_pair = []
+    for label, a, b in pairs:
         gained = sum(b[i]["success"] and not a[i]["success"] for i in ids)
         lost = sum(a[i]["success"] and not b[i]["success"] for i in ids)
-        per_run.append({"run": str(run), "first": sum(a[i]["success"] for i in ids) / len(ids),
-                        "last": sum(b[i]["success"] for i in ids) / len(ids), "gained": gained, "lost": lost,
-                        "p_mcnemar": mcnemar_exact(gained, lost)})
-    diff = {i: statistics.fmean(float(b[i]["success"]) - float(a[i]["success"]) for a, b in pairs) for i in ids}
+        per_pair.append({"run": label, "from": sum(a[i]["success"] for i in ids) / len(ids),
+                         "to": sum(b[i]["success"] for i in ids) / len(ids), "gained": gained, "lost": lost,
+                         "p_mcnemar": mcnemar_exact(gained, lost)})
+    diff = {i: statistics.fmean(float(b[i]["success"]) - float(a[i]["success"]) for _, a, b in pairs) for i in ids}
     mean = statistics.fmean(diff.values())
     rng = random.Random(seed)
     boots = sorted(statistics.fmean(diff[rng.choice(ids)] for _ in ids) for _ in range(resamples))
     out = {"tasks": len(ids), "mean_gain": mean,
-           "task_bootstrap95": [boots[int(0.025 * resamples)], boots[int(0.975 * resamples) - 1]], "runs": per_run}
-    if len(runs) > 1:
-        gains = [r["last"] - r["first"] for r in per_run]
+           "task_bootstrap95": [boots[int(0.025 * resamples)], boots[int(0.975 * resamples) - 1]], "runs": per_pair}
+    if len(pairs) > 1:
+        gains = [r["to"] - r["from"] for r in per_pair]
         half = T95.get(len(gains) - 1, 1.96) * statistics.stdev(gains) / math.sqrt(len(gains))
         out["seed_t95"] = [mean - half, mean + half]
     return out
 
 
-def print_gain(g: dict, split: str) -> None:
-    print("| run | first | last | gained / lost | exact McNemar p |\n|---|---:|---:|---:|---:|")
+def evaluated(run: Path, split: str, at_least: int = 1) -> dict[int, dict[str, dict]]:
+    evals = evaluations(run, split)
+    if len(evals) < at_least:
+        raise SystemExit(f"{run}: fewer than {at_least} evaluation(s) of '{split}'")
+    return evals
+
+
+def gain(runs: list[Path], split: str, resamples: int = 10_000, seed: int = 0) -> dict:
+    """The runs as seeds of one method: each run's first vs last evaluation of `split` (`paired`)."""
+    pairs = []
+    for run in runs:
+        evals = evaluated(run, split, 2)
+        pairs.append((str(run), evals[min(evals)], evals[max(evals)]))
+    return paired(pairs, resamples, seed)
+
+
+def versus(runs: list[Path], references: list[Path], split: str, resamples: int = 10_000, seed: int = 0) -> dict:
+    """The runs (seeds of one method) against the reference runs of the same seed (the same directory name,
+    e.g. `seed1`): each reference's last evaluation of `split` vs the run's last (`paired`)."""
+    by_name = {ref.name: ref for ref in references}
+    pairs = []
+    for run in runs:
+        if run.name not in by_name:
+            raise SystemExit(f"{run}: no reference run named '{run.name}' among {sorted(by_name)}")
+        ref, mine = evaluated(by_name[run.name], split), evaluated(run, split)
+        pairs.append((f"{run} vs {by_name[run.name]}", ref[max(ref)], mine[max(mine)]))
+    return paired(pairs, resamples, seed)
+
+
+def print_paired(g: dict, split: str, what: str) -> None:
+    a, b = ("first", "last") if what == "gain" else ("reference", "run")
+    print(f"| run | {a} | {b} | gained / lost | exact McNemar p |\n|---|---:|---:|---:|---:|")
     for r in g["runs"]:
-        print(f"| {r['run']} | {r['first']:.1%} | {r['last']:.1%} | {r['gained']} / {r['lost']} | {r['p_mcnemar']:.2g} |")
+        print(f"| {r['run']} | {r['from']:.1%} | {r['to']:.1%} | {r['gained']} / {r['lost']} | {r['p_mcnemar']:.2g} |")
     lo, hi = g["task_bootstrap95"]
     seeds = f", over runs (t) [{g['seed_t95'][0]:+.1%}, {g['seed_t95'][1]:+.1%}]" if "seed_t95" in g else ""
-    print(f"\nmean gain on {split} ({g['tasks']} tasks): {g['mean_gain']:+.1%}; 95% intervals: over tasks "
-          f"(paired bootstrap) [{lo:+.1%}, {hi:+.1%}]{seeds}")
+    print(f"\nmean {'gain' if what == 'gain' else 'difference, run - reference,'} on {split} ({g['tasks']} tasks): "
+          f"{g['mean_gain']:+.1%}; 95% intervals: over tasks (paired bootstrap) [{lo:+.1%}, {hi:+.1%}]{seeds}")
 
 
 def main() -> None:
@@ -128,12 +160,16 @@ def main() -> None:
     ap.add_argument("--split", default="test")
     ap.add_argument("--json", type=Path, help="also write everything here")
     ap.add_argument("--gain", action="store_true", help="the runs are seeds of one method: first vs last evaluation")
+    ap.add_argument("--versus", nargs="+", type=Path, metavar="REF_RUN",
+                    help="the runs are seeds of one method: their last evaluation against these reference runs' "
+                         "of the same seed (directory name)")
     args = ap.parse_args()
-    if args.gain:
-        g = gain(args.runs, args.split)
-        print_gain(g, args.split)
+    if args.gain or args.versus:
+        what = "gain" if args.gain else "versus"
+        g = gain(args.runs, args.split) if args.gain else versus(args.runs, args.versus, args.split)
+        print_paired(g, args.split, what)
         if args.json:
-            args.json.write_text(json.dumps({"split": args.split, **g}, indent=1) + "\n")
+            args.json.write_text(json.dumps({"split": args.split, "comparison": what, **g}, indent=1) + "\n")
         return
     report = {str(run): summarise(run, args.split) for run in args.runs}
     for run, rows in report.items():
