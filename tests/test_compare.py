@@ -223,3 +223,30 @@ def test_merge_adds_recorded_methods_and_recomputes_the_verdicts():
     assert "| grpo | 31.0 ± 1.0 |" in md and "| lopd_no_margin (ablation) | 21.0 ± 1.0 (lower) |" in md
     assert "- methods `grpo` taken from the recorded `old/report.json` (its command: `lopd compare ...`, lopd commit abc1234)" in md
     assert "held-out split" not in md  # one split: the summary already holds its final success
+
+
+def test_a_run_not_here_is_left_out_of_its_methods_statistics_and_the_summary_says_so(tmp_path):
+    from lopd.compare import Cell, Grid, Method
+    from lopd.grid_report import markdown, summarise
+
+    grpo, opsd = Method("grpo"), Method("opsd")
+    grid = Grid(name="g", budget=8, eval_every=8, seeds=[0, 1, 2], methods=[grpo, opsd], out=str(tmp_path))
+    cells = []
+    finals = {("grpo", 0): 0.2, ("grpo", 1): 0.3, ("grpo", 2): 0.4, ("opsd", 1): 0.5, ("opsd", 2): 0.7}
+    for m in (grpo, opsd):
+        for seed in grid.seeds:
+            path = tmp_path / m.name / f"seed{seed}"
+            path.mkdir(parents=True)
+            if (m.name, seed) in finals:  # opsd seed 0: its directory is empty (a run made elsewhere)
+                rows = [{"kind": "eval", "step": 0, "rollouts": 0, "eval/test/success": 0.1},
+                        {"kind": "train+eval", "step": 1, "rollouts": 8, "eval/test/success": finals[m.name, seed]}]
+                (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            cells.append(Cell(m, seed, None, None, path))
+    data = summarise(grid, cells)
+    s = data["methods"]["opsd"]["splits"]["test"]
+    assert s["seeds"] == 2 and s["points"] == [0, 8] and s["final"] == [0.5, 0.7]
+    assert s["mean"][-1] == pytest.approx(0.6) and data["methods"]["grpo"]["splits"]["test"]["seeds"] == 3
+    data["provenance"] = {"command": "c", "grid_file": "g.yaml", "commit": "x", "machine": "m", "packages": {},
+                          "config_hashes": {}}
+    md = markdown(grid, data, [])
+    assert "| opsd (2 of 3 seeds) | 60.0 ± 14.1 (no clear difference) |" in md and "| grpo | 30.0 ± 10.0 |" in md

@@ -149,10 +149,12 @@ def summarise(grid: Grid, cells: list[Cell]) -> dict:
     for m, runs in curves.items():
         entry: dict = {"ablation": methods[m][0].method.ablation, "runs": [str(c.path) for c in methods[m]], "splits": {}}
         for split in splits:
-            points = sorted(set.intersection(*(set(r.get(split, {})) for r in runs))) if runs else []
-            by_point = {p: [r[split][p] for r in runs] for p in points}
-            aucs = [_auc(sorted(r.get(split, {}).items()), grid.budget) for r in runs if r.get(split)]
+            evaluated = [r for r in runs if r.get(split)]  # a run not started (or whose record is elsewhere): left out
+            points = sorted(set.intersection(*(set(r[split]) for r in evaluated))) if evaluated else []
+            by_point = {p: [r[split][p] for r in evaluated] for p in points}
+            aucs = [_auc(sorted(r[split].items()), grid.budget) for r in evaluated]
             entry["splits"][split] = {
+                "seeds": len(evaluated),
                 "points": points,
                 "mean": [stat(by_point[p]).mean for p in points],
                 "std": [stat(by_point[p]).std for p in points],
@@ -266,7 +268,9 @@ def main_table(data: dict) -> str:
             cells += [stat(sp["final"]).fmt() + verdict, stat(sp["auc"]).fmt(),
                       f"n/a ({ref} ends at or below its start)" if no_gain
                       else "not reached" if r is None else f"{100 * r:.0f}% of budget"]
-        lines.append(f"| {m}{' (ablation)' if e['ablation'] else ''} | " + " | ".join(cells) + " |")
+        seeds = min((sp.get("seeds", len(data["seeds"])) for sp in e["splits"].values()), default=0)
+        fewer = f" ({seeds} of {len(data['seeds'])} seeds)" if seeds < len(data["seeds"]) else ""
+        lines.append(f"| {m}{' (ablation)' if e['ablation'] else ''}{fewer} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
