@@ -239,13 +239,16 @@ def test_a_run_not_here_is_left_out_of_its_methods_statistics_and_the_summary_sa
             path.mkdir(parents=True)
             if (m.name, seed) in finals:  # opsd seed 0: its directory is empty (a run made elsewhere)
                 rows = [{"kind": "eval", "step": 0, "rollouts": 0, "eval/test/success": 0.1},
-                        {"kind": "train+eval", "step": 1, "rollouts": 8, "eval/test/success": finals[m.name, seed]}]
+                        {"kind": "train+eval", "step": 1, "rollouts": 8, "eval/test/success": finals[m.name, seed],
+                         "time/update": 2.0 * seed}]
                 (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
             cells.append(Cell(m, seed, None, None, path))
     data = summarise(grid, cells)
     s = data["methods"]["opsd"]["splits"]["test"]
     assert s["seeds"] == 2 and s["points"] == [0, 8] and s["final"] == [0.5, 0.7]
     assert s["mean"][-1] == pytest.approx(0.6) and data["methods"]["grpo"]["splits"]["test"]["seeds"] == 3
+    # its cost too: the mean of the runs that trained (update 2 s and 4 s), not diluted by the absent one
+    assert data["methods"]["opsd"]["cost"]["steps"] == 1 and data["methods"]["opsd"]["cost"]["time/update"] == 3.0
     data["provenance"] = {"command": "c", "grid_file": "g.yaml", "commit": "x", "machine": "m", "packages": {},
                           "config_hashes": {}}
     md = markdown(grid, data, [])

@@ -168,7 +168,7 @@ def summarise(grid: Grid, cells: list[Cell]) -> dict:
         entry["diagnostics"] = {key: {"first": [d[key][0] for d in diagnostics if key in d],
                                       "last": [d[key][1] for d in diagnostics if key in d]}
                                 for key in DIAGNOSTIC_TABLE if any(key in d for d in diagnostics)}
-        costs = [cost_of(c, grid.budget) for c in methods[m]]
+        costs = [c for c in (cost_of(c, grid.budget) for c in methods[m]) if c["steps"]]  # runs that trained here
         # over seeds: the mean of each run's medians and means, the largest peak
         entry["cost"] = {key: (max if key.startswith("memory/") else statistics.fmean)([c[key] for c in costs if key in c])
                          for key in dict.fromkeys(k for c in costs for k in c)}
