@@ -431,7 +431,9 @@ def plot_grid(data: dict, root: Path, diagnostics: bool = True) -> list[str]:
             mean = [100 * v for v in sp["mean"]]
             std = [100 * v for v in sp["std"]]
             style = "--" if e["ablation"] else "-"
-            ax.plot(sp["points"], mean, style, marker="o", ms=3, color=colors(i % 10), label=m)
+            seeds = sp.get("seeds", len(data["seeds"]))
+            label = m + (f" ({seeds} of {len(data['seeds'])} seeds)" if seeds < len(data["seeds"]) else "")
+            ax.plot(sp["points"], mean, style, marker="o", ms=3, color=colors(i % 10), label=label)
             ax.fill_between(sp["points"], [a - b for a, b in zip(mean, std)], [a + b for a, b in zip(mean, std)],
                             color=colors(i % 10), alpha=0.15, linewidth=0)
         ax.set(title=f"held-out: {split}", xlabel="rollouts (sampled trajectories)", ylabel="success (%), mean ± std",
