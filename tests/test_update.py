@@ -109,12 +109,15 @@ def test_micro_batches_of_any_size_give_the_same_update(toolworld, name):
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_skipping_zero_loss_rows_gives_the_same_update_with_fewer_rows(toolworld, name):
-    full, _, rows_full = _updated(toolworld, name)
-    skipped, _, rows_skipped = _updated(toolworld, name, ["train.skip_zero_loss_rows=true"])
+    full, m_full, rows_full = _updated(toolworld, name)
+    skipped, m_skipped, rows_skipped = _updated(toolworld, name, ["train.skip_zero_loss_rows=true"])
     for a, b in zip(full, skipped):
         torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
     if name != "opsd":  # OPSD's reference answer is a context for every row: nothing is ever skipped
         assert rows_skipped < rows_full
+    # the metric says what the forwards were: every row, then the live rows' share
+    assert m_full["update/rows_forwarded"] == 1.0
+    assert m_skipped["update/rows_forwarded"] == pytest.approx(rows_skipped / rows_full)
 
 
 def test_live_rows_by_hand(toolworld):

@@ -8,7 +8,8 @@
             loss    = sum_k coef_k * sum(values_k over mask_k) / count(units_k)   -> backward
         gradients summed over the ranks, clipped; optimizer step, scheduler step, algorithm.after_step()
     every term's value: its numerators and counts summed over the minibatch's micro-batches and the ranks,
-    divided, averaged over the passes -> the metrics row and `algorithm.after_update`
+    divided, averaged over the passes -> the metrics row and `algorithm.after_update`; `update/rows_forwarded`:
+    the share of rows whose forward ran (what the update's time scales with)
 
 Each loss term is divided by its own count over the whole minibatch, so micro-batch size and rank count
 change memory and speed, never the result; every logged value is computed the same way, so it does not
@@ -55,6 +56,7 @@ def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatc
     sums: dict[str, float] = {}  # "step\0term\0num" and "...\0count": this rank's sums, per optimizer step
     shared = {"health/skipped_steps": 0.0, "optim/grad_norm": 0.0}  # identical on every rank
     bad_losses = 0.0
+    rows_seen = {"forwarded": 0.0, "all": 0.0}  # this rank's rows over every pass: those whose forward ran
     steps = 0
     return_memory = t.return_host_memory and device.type == "cpu" and microbatch.largest_kept_bytes(
         model, kept_prompts, completion_len, max_tokens, measure=not sharded) >= t.return_host_memory_from_gib * 2**30
@@ -70,6 +72,8 @@ def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatc
                 live = algorithm.live_rows(rows, rows_ctx) if t.skip_zero_loss_rows else torch.ones(len(rows), dtype=torch.bool)
                 finite = True
                 micros = microbatch.plan(kept_prompts, completion_len, mb_index[live], t.micro_batch_size, max_tokens)
+                rows_seen["forwarded"] += float(live.sum())
+                rows_seen["all"] += float(len(mb_index))
                 if not micros and len(mb_index):  # no row left to learn from: one row's exactly-zero gradient, so
                     micros = [None]  # every parameter the loss reaches gets its 0, as if all rows had run
                 if sharded:  # every rank runs as many forwards/backwards: the extra ones weigh nothing
@@ -117,7 +121,9 @@ def update(model, algorithm: Algorithm, optimizer, scheduler, batch: RolloutBatc
                 scheduler.step()
                 algorithm.after_step()
     values = term_values(dist.sum_union(world, sums), passes)
-    metrics = {**values, "health/nonfinite_losses": dist.all_sum(world, {"n": bad_losses})["n"], **shared,
+    seen = dist.all_sum(world, {"n": bad_losses, **rows_seen})
+    metrics = {**values, "health/nonfinite_losses": seen["n"], **shared,
+               "update/rows_forwarded": seen["forwarded"] / max(seen["all"], 1.0),
                "optim/lr": scheduler.get_last_lr()[0], "memory/returned_to_os": float(return_memory)}
     metrics.update(algorithm.after_update(values))
     return metrics
