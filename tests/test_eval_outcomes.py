@@ -48,17 +48,19 @@ def test_summary_of_a_run_directory(tmp_path):
         eval_outcomes.summarise(a, "val")
 
 
-def test_gain_over_seeds_and_tasks_by_hand(tmp_path):
-    def write(run, step, passes):
-        (run / "samples").mkdir(parents=True, exist_ok=True)
-        rows = [{"id": f"t{i}", "completion": "c", "success": ok} for i, ok in enumerate(passes)]
-        (run / "samples" / f"val_step{step:06d}.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
+def write_val(run, step, passes):
+    """A run's `val` evaluation at `step`: task t<i> solved where passes[i]."""
+    (run / "samples").mkdir(parents=True, exist_ok=True)
+    rows = [{"id": f"t{i}", "completion": "c", "success": ok} for i, ok in enumerate(passes)]
+    (run / "samples" / f"val_step{step:06d}.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
 
+
+def test_gain_over_seeds_and_tasks_by_hand(tmp_path):
     a, b = tmp_path / "seed0", tmp_path / "seed1"
-    write(a, 0, [False, False, True, False])
-    write(a, 8, [True, True, True, False])  # +2 of 4: gained 2, lost 0
-    write(b, 0, [False, True, False, False])
-    write(b, 8, [False, False, False, True])  # 0 of 4: gained 1, lost 1
+    write_val(a, 0, [False, False, True, False])
+    write_val(a, 8, [True, True, True, False])  # +2 of 4: gained 2, lost 0
+    write_val(b, 0, [False, True, False, False])
+    write_val(b, 8, [False, False, False, True])  # 0 of 4: gained 1, lost 1
     g = eval_outcomes.gain([a, b], "val", resamples=2000)
     assert [(r["gained"], r["lost"]) for r in g["runs"]] == [(2, 0), (1, 1)]
     assert g["runs"][0]["p_mcnemar"] == pytest.approx(0.5) and g["runs"][1]["p_mcnemar"] == 1.0
@@ -69,22 +71,17 @@ def test_gain_over_seeds_and_tasks_by_hand(tmp_path):
     lo, hi = g["task_bootstrap95"]  # resampled means of {0.5, 0, 0, 0.5}: within [0, 0.5], around 0.25
     assert 0.0 <= lo < 0.25 < hi <= 0.5
     with pytest.raises(SystemExit, match="fewer than 2 evaluation"):
-        write(tmp_path / "once", 0, [True])
+        write_val(tmp_path / "once", 0, [True])
         eval_outcomes.gain([tmp_path / "once"], "val")
 
 
 def test_versus_reference_by_seed_by_hand(tmp_path):
-    def write(run, step, passes):
-        (run / "samples").mkdir(parents=True, exist_ok=True)
-        rows = [{"id": f"t{i}", "completion": "c", "success": ok} for i, ok in enumerate(passes)]
-        (run / "samples" / f"val_step{step:06d}.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
-
     mine, ref = tmp_path / "lopd", tmp_path / "grpo"
-    write(ref / "seed0", 8, [True, False, False, False])
-    write(ref / "seed1", 8, [False, False, True, True])
-    write(mine / "seed0", 0, [False, False, False, False])  # only the last evaluation counts
-    write(mine / "seed0", 8, [True, True, True, False])  # against ref seed0: gained 2, lost 0
-    write(mine / "seed1", 8, [False, True, False, True])  # against ref seed1: gained 1, lost 1
+    write_val(ref / "seed0", 8, [True, False, False, False])
+    write_val(ref / "seed1", 8, [False, False, True, True])
+    write_val(mine / "seed0", 0, [False, False, False, False])  # only the last evaluation counts
+    write_val(mine / "seed0", 8, [True, True, True, False])  # against ref seed0: gained 2, lost 0
+    write_val(mine / "seed1", 8, [False, True, False, True])  # against ref seed1: gained 1, lost 1
     g = eval_outcomes.versus([mine / "seed1", mine / "seed0"], [ref / "seed0", ref / "seed1"], "val", resamples=2000)
     assert [(r["gained"], r["lost"]) for r in g["runs"]] == [(1, 1), (2, 0)]  # paired by name, not by order
     assert [(r["from"], r["to"]) for r in g["runs"]] == [(0.5, 0.5), (0.25, 0.75)]
@@ -93,5 +90,5 @@ def test_versus_reference_by_seed_by_hand(tmp_path):
     half = 12.706 * math.sqrt(0.125) / math.sqrt(2)  # differences 0.0 and 0.5
     assert g["seed_t95"] == pytest.approx([0.25 - half, 0.25 + half])
     with pytest.raises(SystemExit, match="no reference run named 'seed2'"):
-        write(mine / "seed2", 8, [True] * 4)
+        write_val(mine / "seed2", 8, [True] * 4)
         eval_outcomes.versus([mine / "seed2"], [ref / "seed0"], "val")
