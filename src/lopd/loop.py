@@ -72,7 +72,8 @@ def fit(session: Session, state: RunState, *, stop_after: int | None = None, qui
     with terminated_as_interrupt(), loop.recording_how_it_ends():
         if state.step == 0:
             timer = Timer()
-            loop.log({"kind": "eval", **loop.evaluate(timer), **timer.metrics})
+            row = {"kind": "eval", **loop.evaluate(timer), **timer.metrics}
+            loop.log({**row, **memory_metrics(session.device)})  # the process's peak covers the eval phase's
         loop.progress.start(state, loop.history)
         steps_here = 0
         while state.step < session.total_steps:
