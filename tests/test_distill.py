@@ -127,3 +127,34 @@ def test_the_hybrid_policy_gradient_reaches_the_student(toolworld):
     assert any(d.abs().max() > 0 for d in after[1])
     for a, b in zip(*after):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=0)
+
+
+def test_rows_per_group_draws_k_eligible_rows_of_each_group():
+    from lopd.algorithms.distill import rows_per_group
+
+    group = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2])
+    eligible = torch.tensor([1, 1, 1, 1, 0, 1, 1, 1, 0, 0, 0, 1], dtype=torch.bool)
+    seen = set()
+    for seed in range(40):
+        keep = rows_per_group(group, eligible, 2, torch.Generator().manual_seed(seed))
+        assert not (keep & ~eligible).any()  # only rows with a context
+        assert keep.view(3, 4).sum(-1).tolist() == [2, 2, 1]  # k, k, and the lone eligible row
+        assert keep[11]
+        seen.add(tuple(torch.nonzero(keep[:4]).flatten().tolist()))
+        again = rows_per_group(group, eligible, 2, torch.Generator().manual_seed(seed))
+        assert torch.equal(keep, again)  # the generator decides: the same draw on a resume
+    assert len(seen) == 6  # every pair of group 0's four rows is drawn: C(4, 2)
+    assert rows_per_group(group, eligible, 8, torch.Generator()).equal(eligible)  # k >= G: every eligible row
+
+
+def test_rows_per_group_keeps_k_contexts_per_group_the_same_at_every_call(toolworld, tiny):
+    algo = _algorithm("opsd", tiny, toolworld, ["algorithm.distill.rows_per_group=1"])
+    batch = _hand_batch(toolworld)
+    ctx = algo.build_context(batch, 1)
+    assert ctx.has_context.view(2, 3).sum(-1).tolist() == [1, 1]
+    assert [t is not None for t in ctx.privileged] == ctx.has_context.tolist()  # the others' teacher reads nothing
+    assert torch.equal(algo.build_context(batch, 1).has_context, ctx.has_context)  # seeded by (train.seed, step)
+    draws = {tuple(algo.build_context(batch, step).has_context.tolist()) for step in range(1, 20)}
+    assert len(draws) > 1  # a new draw every step
+    with pytest.raises(Exception, match="algorithm.distill.rows_per_group.*mask_without_context"):
+        _algorithm("opsd", tiny, toolworld, ["algorithm.distill.rows_per_group=1", "algorithm.distill.mask_without_context=false"])

@@ -15,14 +15,20 @@ from lopd.tokens import score_completions
 
 # in make test: the methods whose context covers only some rows; the rest run under -m slow. A name with a
 # "+variant" runs the algorithm with the overrides VARIANTS gives it (LOPD's compressor; the residual target).
-ALGORITHMS = ["grpo", "sdpo", "lopd", "lopd+compressor", "lopd+warmup", "sdpo+residual"] + [
-    pytest.param(n, marks=pytest.mark.slow) for n in ("opsd", "skill_sd", "lopd_text")]
+ALGORITHMS = ["grpo", "sdpo", "lopd", "lopd+compressor", "lopd+warmup", "sdpo+residual", "lopd+rows",
+              "lopd+warmup_rows"] + [pytest.param(n, marks=pytest.mark.slow) for n in ("opsd", "skill_sd", "lopd_text",
+                                                                                       "opsd+rows")]
+ROWS = ["algorithm.distill.rows_per_group=2", "algorithm.distill.pg_weight=1.0"]  # PG-only rows beside distilled ones
 VARIANTS = {
     "compressor": ["algorithm.lopd.composer=compressor", "algorithm.lopd.latent_tokens=8", "algorithm.lopd.cd_rows=2",
                    "algorithm.lopd.beta=0.0", "algorithm.lopd.latent_from_kl_ratio=inf"],
     "residual": ["algorithm.distill.target=residual"],
     # the compressor's warm-up: the student follows the text teacher, the compressor distils it on every row
     "warmup": ["algorithm.lopd.composer=compressor", "algorithm.lopd.latent_tokens=8", "algorithm.lopd.beta=0.0"],
+    # 2 rows of each group of 4 keep their context: the teachers and pi_0 run on those rows only
+    "rows": ROWS,
+    "warmup_rows": ["algorithm.lopd.composer=compressor", "algorithm.lopd.latent_tokens=8", "algorithm.lopd.beta=0.0",
+                    *ROWS],
 }
 BASE = ["rollout.tasks_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=32",
         "model.lora.enabled=false", "train.threads=1"]

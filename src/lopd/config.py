@@ -233,6 +233,11 @@ class DistillConfig:
     coef: float = _help("weight of the distillation loss", 1.0)
     pg_weight: float = _help("weight of an added GRPO loss (hybrid); 0 = pure distillation", 0.0)
     mask_without_context: bool = _help("no distillation on trajectories whose teacher got no context", True)
+    rows_per_group: int = _help("distil on this many rows of each sampling group, drawn at random every batch among "
+                                "those with a context (LOPD's composer terms too); the others' teacher reads no "
+                                "context, so they train by the policy gradient alone (pg_weight): the same expected "
+                                "distillation gradient at a fraction of the teacher's and student's forwards "
+                                "(0 = every row; needs mask_without_context)", 0)
 
 
 @dataclass
@@ -641,6 +646,7 @@ RANGES = [  # (dotted key, lowest, highest, inclusive at the bottom): values the
     ("train.max_bad_steps", 1, float("inf"), True),
     ("train.flat_reward_steps", 0, float("inf"), True),
     ("run.checkpoint_every", 1, float("inf"), True),
+    ("algorithm.distill.rows_per_group", 0, float("inf"), True),
     ("algorithm.lopd.latent_tokens", 1, float("inf"), True),
     ("algorithm.lopd.retrieve_k", 0, float("inf"), True),
 ]

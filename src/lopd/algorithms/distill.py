@@ -11,7 +11,9 @@ with D one of the estimators of `losses.token_divergence` and the target (`algor
               KL over the vocabulary: a dense policy gradient on the context's log-ratio, 0 where it changes
               nothing, so the student is never pulled back toward the teacher's (initial) weights
 A text method only says what the context c is (`privileged_contexts`). Trajectories whose teacher got no
-context are left out of the distillation term (`mask_without_context`).
+context are left out of the distillation term (`mask_without_context`). With `rows_per_group` k, only k rows
+of each group keep their context (drawn at random each batch): the distillation's mean is estimated on them,
+and the teacher (and, with pg_weight, the student on groups without reward variance) runs on k/G of the rows.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from lopd import losses
 from lopd.algorithms.base import Algorithm, Context, Term, measured, rows
 from lopd.algorithms.grpo import initial_policy, policy_live, policy_terms, policy_units
 from lopd.config import DistillTarget, TeacherWeights, head_dtype_of
+from lopd.errors import ConfigError
 from lopd.teacher import build_teacher
 from lopd.tokens import TokenStats
 
@@ -36,6 +39,20 @@ class SelfDistillation(Algorithm):
         self.teacher = build_teacher(d.teacher, policy, ema_rate=d.ema_rate, tokenizer=tokenizer,
                                      temperature=self.cfg.rollout.temperature, head_dtype=head_dtype_of(self.cfg))
         self.initial_policy = initial_policy(self.cfg, policy, tokenizer) if self.needs_initial_policy() else None
+        if d.rows_per_group and not d.mask_without_context:
+            raise ConfigError("algorithm.distill.rows_per_group: the rows left out would be distilled toward a teacher "
+                              "without context; it needs algorithm.distill.mask_without_context true")
+
+    def new_context(self, batch, step, kind=Context, **values) -> Context:
+        """The base's context, with only `rows_per_group` rows of each group keeping their privileged context."""
+        ctx = super().new_context(batch, step, kind, **values)
+        k = self.cfg.algorithm.distill.rows_per_group
+        if k and ctx.has_context is not None:
+            generator = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + step)  # the same on a resume
+            keep = rows_per_group(batch.group, ctx.has_context, k, generator)
+            ctx.has_context = ctx.has_context & keep
+            ctx.privileged = [c if kept else None for c, kept in zip(ctx.privileged, keep.tolist())]
+        return ctx
 
     def needs_initial_policy(self) -> bool:
         """pi_0, the frozen initial model, is scored too (the hybrid's reference KL; LOPD's Delta)."""
@@ -154,3 +171,13 @@ class SelfDistillation(Algorithm):
 
     def load_state_dict(self, state: dict, step: int) -> None:
         self.teacher.load_state_dict(state.get("teacher", {}))
+
+
+def rows_per_group(group: torch.Tensor, eligible: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    """[B] bool: k rows of each group drawn uniformly without replacement among its `eligible` ones (all of
+    them where it has k or fewer).   group [B] ids, eligible [B] bool"""
+    keep = torch.zeros(len(group), dtype=torch.bool)
+    for g in group.unique(sorted=True):
+        members = torch.nonzero((group == g) & eligible.cpu()).flatten()
+        keep[members[torch.randperm(len(members), generator=generator)[:k]]] = True
+    return keep

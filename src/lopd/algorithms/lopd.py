@@ -176,9 +176,9 @@ class LOPD(RetrievalMixin, SelfDistillation):
                                    has_context=torch.ones(len(batch), dtype=torch.bool))
         ctx.extra_passes = c.composer_passes
         ctx.latent = self.latent
-        rank = torch.zeros(len(batch), dtype=torch.long)  # each row's place in its sampling group
+        rank = torch.zeros(len(batch), dtype=torch.long)  # each row's place among its group's rows with a context
         for g in batch.group.unique():
-            members = torch.nonzero(batch.group == g).flatten()
+            members = torch.nonzero((batch.group == g) & ctx.has_context).flatten()
             rank[members] = torch.arange(len(members))
         # warming up, the text teacher is scored on every row anyway (the student's target): all rows distil
         every = not self.latent or c.cd_rows <= 0
@@ -272,13 +272,25 @@ class LOPD(RetrievalMixin, SelfDistillation):
         return replace(teacher, hidden=w * h + (1 - w) * h.detach(), _logprobs=None)
 
     def loss(self, batch, ctx: RetrievalContext, student):
-        with torch.no_grad():
-            initial = self.initial_policy.score(batch)  # pi_0: the context-free frozen model
-        latent, slot_terms = self.latent_teacher(batch, ctx)
-        text = None
-        if self.compresses and not ctx.latent:  # the warm-up: the student follows the text teacher
+        # pi_0 and the teachers are scored on the rows with a context only, where the others are not distilled
+        # (policy-gradient rows of `distill.rows_per_group`): nothing they would say reaches a loss
+        part = torch.nonzero(ctx.has_context).flatten()
+        whole = not self.cfg.train.skip_zero_loss_rows or len(part) == len(batch)
+        on, on_ctx = (batch, ctx) if whole else (batch.select(part.cpu()), ctx.select(part.cpu()))
+        placed = (lambda stats: stats) if whole else (lambda stats: stats.placed(part, student))
+        empty = not len(part) and not whole
+        if empty:  # no row to distil here: zero stand-ins, every context term masked out
+            initial = latent = replace(student.detached(), hidden=torch.zeros_like(student.hidden), _logprobs=None)
+            slot_terms = {}
+        else:
             with torch.no_grad():
-                text = self.teacher.score(batch, ctx.privileged)
+                initial = placed(self.initial_policy.score(on))  # pi_0: the context-free frozen model
+            latent, slot_terms = self.latent_teacher(on, on_ctx)
+            latent = placed(latent)
+        text = None
+        if self.compresses and not ctx.latent and not empty:  # the warm-up: the student follows the text teacher
+            with torch.no_grad():
+                text = placed(self.teacher.score(on, on_ctx.privileged))
         terms = self.distill_terms(batch, ctx, student, latent if text is None else text, self.base_stats(batch, initial))
         composer = self.composer_terms(batch, ctx, student, latent, initial)
         if self.compresses:
