@@ -126,7 +126,7 @@ def run_lopd(a) -> dict:
         f"optim.lr={a.lr}", "optim.weight_decay=0.0", "optim.beta1=0.9", "optim.beta2=0.99", "optim.grad_clip=1.0",
         "optim.warmup_steps=0", "run.checkpoint_every=1000", "run.tensorboard=false", "run.progress=false",
         f"run.dir={tmp}/run", f"optim.fused={str(a.fused).lower()}",
-    ] + method
+    ] + method + a.lopd_set
     cfg = load_config(name, overrides)
     t0 = time.perf_counter()
     session = build(cfg)
@@ -384,7 +384,7 @@ def run_one(a) -> None:
     result = (run_lopd if a.system == "lopd" else run_trl)(a)
     result.update(summarise(result["steps"], a.warmup))
     result["settings"] = {k: getattr(a, k) for k in ("tasks", "group", "new_tokens", "steps", "warmup", "threads",
-                                                     "lr", "micro_batch", "memory_budget", "seed")}
+                                                     "lr", "micro_batch", "memory_budget", "seed", "lopd_set")}
     print(json.dumps(result), flush=True)
 
 
@@ -397,7 +397,7 @@ def child(a, system: str, pair: str, log: Path) -> dict:
            *(f"--{k.replace('_', '-')}={getattr(a, k)}" for k in ("steps", "warmup", "tasks", "group", "new_tokens",
                                                                   "threads", "lr", "micro_batch", "memory_budget",
                                                                   "seed")),
-           *(["--model", a.model] if a.model else [])]
+           *(["--model", a.model] if a.model else []), *(f"--lopd-set={o}" for o in a.lopd_set)]
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "MKL_NUM_THREADS": str(a.threads),
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "TRANSFORMERS_VERBOSITY": "error"}
@@ -435,7 +435,8 @@ def drive(a) -> None:
     out: dict = {"label": "smoke run (a harness check, not figures)" if a.smoke else "measurement",
                  "command": " ".join(["python", "benchmarks/trl_compare.py", *sys.argv[1:]]),
                  "settings": {k: getattr(a, k) for k in ("tasks", "group", "new_tokens", "steps", "warmup", "threads",
-                                                         "lr", "micro_batch", "memory_budget", "seed", "repeats")},
+                                                         "lr", "micro_batch", "memory_budget", "seed", "repeats",
+                                                         "lopd_set")},
                  "machine": _machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "pairs": {}}
     start = time.perf_counter()
     json_path = Path(a.out_json or (logs / "trl_compare.json" if a.smoke else ROOT / "benchmarks" / "trl_compare.json"))
@@ -577,6 +578,9 @@ def main(argv=None) -> None:
     p.add_argument("--out-md", default="", help="driver: the markdown file whose `results` (or `smoke`) block is "
                    "rewritten (default benchmarks/trl_compare.md)")
     p.add_argument("--render", default="", help="only rewrite the markdown block from this driver JSON")
+    p.add_argument("--lopd-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="lopd side of every pair (both processes of the `lopd` pair): one more config override, "
+                        "e.g. train.skip_zero_loss_rows=true (repeatable)")
     p.add_argument("--fused", action="store_true", help="per-process lopd mode: optim.fused=true (AdamW's fused kernel)")
     p.add_argument("--profile", default="", help="per-process lopd mode: run the measured steps under torch.profiler "
                    "and write the operator table here (markdown; the raw table beside it as .txt)")
