@@ -156,7 +156,10 @@ def run_lopd(a) -> dict:
         gen, score = t.get("rollout", 0.0), t.get("score", 0.0)
         step = sum(t.values())
         steps.append({"step_s": step, "gen_s": gen, "score_s": score, "train_s": step - gen - score,
-                      "phases": t, "tokens": r["tokens"] - tokens_before, "reward_mean": r.get("reward/mean")})
+                      "phases": t, "tokens": r["tokens"] - tokens_before, "reward_mean": r.get("reward/mean"),
+                      # what the update had to do: the rows it forwarded, those with a context, the mixed groups
+                      **{k.split("/")[1]: r[k] for k in ("update/rows_forwarded", "context/coverage",
+                                                         "reward/mixed_groups") if k in r}})
         tokens_before = r["tokens"]
     import shutil
 
