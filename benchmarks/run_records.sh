@@ -6,6 +6,8 @@
 #   bash benchmarks/run_records.sh save    runs/compare_toolworld_smollm2 benchmarks/compare_toolworld_smollm2/records
 #   bash benchmarks/run_records.sh restore runs/compare_toolworld_smollm2 benchmarks/compare_toolworld_smollm2/records
 # `save` copies finished runs only; `restore` never overwrites a run directory that already exists.
+# SAMPLES=ends (save): keep each split's first and last evaluation's samples only (what `eval_outcomes.py --gain`
+# and `--versus` read), a fifth of the size for a grid evaluated every 256 rollouts.
 set -euo pipefail
 mode=${1:?save or restore}; grid=${2:?grid run root}; records=${3:?records folder}
 case $mode in
@@ -18,6 +20,12 @@ case $mode in
         [ -f "$run/$f" ] && cp "$run/$f" "$dest/"
       done
       [ -d "$run/samples" ] && rm -rf "$dest/samples" && cp -r "$run/samples" "$dest/"
+      if [ "${SAMPLES:-all}" = ends ] && [ -d "$dest/samples" ]; then  # each split's first and last evaluation only
+        for split in $(ls "$dest/samples" | sed 's/_step.*//' | sort -u); do
+          files=$(ls "$dest/samples/${split}"_step*.jsonl | sort)
+          echo "$files" | sed '1d;$d' | xargs -r rm
+        done
+      fi
       echo "saved $run -> $dest"
     done ;;
   restore)
