@@ -131,6 +131,7 @@ REFERENCE_EXTRA = {  # the canonical tiny runs: 4 steps of 8 rollouts, checkpoin
     # have reward variance, and lambda moves)
     "lopd": {"algorithm.lopd.latent_tokens": 64, "algorithm.lopd.dual_lr": 0.5, "algorithm.lopd.gate_init": 0.5,
              "env.toolworld.reward": "partial"},
+    "lopd_pretrained": {},  # LOPD's selection: the bundled pre-trained compressor's 16 slots, frozen
 }
 
 

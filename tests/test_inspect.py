@@ -38,3 +38,15 @@ def test_inspect_a_tiny_lopd_run(reference_runs, tmp_path):
     assert ("slots over the context" in text and "Slots alike" in text) or "Nothing retrieved" in text
     with pytest.raises(ConfigError, match="not a run directory"):
         inspect_run(tmp_path / "nowhere")
+
+
+def test_inspect_a_compressor_run(reference_runs, tmp_path):
+    """A compressor's slots are its own (under no context token): their nearest tokens, how alike they are,
+    and the last decoder layer's attention of each memory column over the context's tokens."""
+    run = copy_run(reference_runs["lopd_pretrained"], tmp_path / "run")
+    png, md = inspect_run(run, tasks=8, split="test")  # the 4-step run's bank has a success for some of them
+    text = md.read_text()
+    assert png.stat().st_size > 10_000 and text.count("\n## test-") == 8
+    found = text.count("16 slots of their own for ")
+    assert found + text.count("Nothing retrieved") == 8 and found >= 1
+    assert text.count("Slots alike: mean pairwise cosine") == found and "nearest token (cosine): 0: " in text

@@ -2,7 +2,8 @@
 
 For a few held-out tasks, with the run's latest composer and its experience bank (read-only):
     - the retrieved experiences (request -> answer) and their similarity,
-    - the composer's attention of each latent slot over the experiences' tokens (last resampler layer),
+    - the composer's attention of each latent slot over the experiences' tokens (last resampler layer; for a
+      compressor, the last decoder layer's attention of each memory column over the context's tokens),
     - each slot's nearest vocabulary token (cosine over the teacher's input embeddings) next to the
       context token it lies over: where they differ, the composer has rewritten that token,
     - whether the slots carry different things (`slot_summary`): how alike the composer's additions are
@@ -59,6 +60,11 @@ def inspect_run(run_dir: str | Path, *, tasks: int = 3, split: str | None = None
                   f"{bank.entries[i].trajectory}" for i, s in zip(ids, sims)] + [""]
         ctx = RetrievalContext(step=0, privileged=[experiences_as_text(bank, ids)], retrieved=[ids],
                                has_context=torch.ones(1, dtype=torch.bool))
+        if algorithm.compresses:  # K slots of their own, written by the compressor from the context's text
+            panel, text = compressor_panel(algorithm, tokenizer, task, ctx.privileged[0], unit)
+            panels.append(panel)
+            lines += text
+            continue
         attention: list[torch.Tensor] = []
         prompt, start, end = context_span(tokenizer, task.messages, ctx.privileged[0])
         under = prompt[start:end][: c.latent_tokens]
@@ -93,6 +99,30 @@ def inspect_run(run_dir: str | Path, *, tasks: int = 3, split: str | None = None
     lines += ["![inspect](inspect.png)", ""]
     out_md.write_text("\n".join(lines))
     return out_png, out_md
+
+
+def compressor_panel(algorithm, tokenizer, task, context: str, unit: torch.Tensor):
+    """One task's panel and lines for a compressor (`Compressor`): its K slots for the context, each slot's
+    nearest vocabulary token, and the last decoder layer's attention of each memory column over the context's
+    tokens (heads averaged), computed with eager attention (the only kind that returns weights)."""
+    compressor = algorithm.composer
+    K = compressor.latent_tokens
+    ids = tokenizer(context, add_special_tokens=False)["input_ids"][: algorithm.cfg.algorithm.lopd.max_experience_tokens * 8]
+    compressor.decoder.set_attn_implementation("eager")  # this algorithm object serves the inspection only
+    attention: list[torch.Tensor] = []
+    with torch.no_grad():
+        slots = compressor(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long), attention=attention)[0]
+    weights = attention[-1][0, :, : len(ids)]  # [K, L]: the memory columns' attention over the context
+    nearest = (torch.nn.functional.normalize(slots.float(), dim=-1) @ unit.T).max(-1)  # [K] cosine to every token
+    alike = slot_summary(slots, weights)
+    tokens = ", ".join(f"{k}: {tokenizer.decode([int(j)])!r} ({float(v):.2f})"
+                       for k, (j, v) in enumerate(zip(nearest.indices, nearest.values)))
+    lines = [f"{K} slots of their own for {len(ids)} context tokens ({len(ids) / K:.1f}x fewer); each slot's "
+             f"nearest token (cosine): {tokens}", "",
+             f"Slots alike: mean pairwise cosine {alike['cosine']:.2f} (1 = one vector for every slot); "
+             f"{alike['shared_focus']:.0%} of the slots put their largest attention weight on the same context "
+             f"token.", ""]
+    return (task, [None] * K, nearest, weights, ids), lines
 
 
 def slot_summary(added: torch.Tensor, weights: torch.Tensor | None = None) -> dict[str, float]:
@@ -163,16 +193,20 @@ def _draw_training(axes, metrics) -> None:
         ax.grid(alpha=0.3)
 
 
-def _slot_label(tokenizer, under: int, nearest: int, k: int) -> str:
-    """'k: token under the slot', and '→ its nearest token' where the composer rewrote it."""
+def _slot_label(tokenizer, under: int | None, nearest: int, k: int) -> str:
+    """'k: token under the slot', and '→ its nearest token' where the composer rewrote it ('k: ≈ nearest
+    token' for a slot of its own, under no token)."""
+    if under is None:
+        return f"{k}: ≈{tokenizer.decode([nearest])!r}"
     a, b = tokenizer.decode([under]), tokenizer.decode([nearest])
     return f"{k}: {a!r}" + ("" if a == b else f" → {b!r}")
 
 
 def _draw_attention(fig, ax, panel, shown: int, tokenizer) -> None:
     task, under, nearest, weights, memory_tokens = panel
+    own = under and under[0] is None  # a compressor's slots: its memory columns' attention over the context
     ax.set_title(f"{task.id}: attention of the first {shown} of {len(under)} latent slots over the retrieved "
-                 f"experiences' tokens (last resampler layer)", fontsize=10)
+                 f"experiences' tokens (last {'compressor decoder' if own else 'resampler'} layer)", fontsize=10)
     if weights is None or not shown:
         ax.text(0.5, 0.5, "no attention recorded", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
@@ -188,4 +222,4 @@ def _draw_attention(fig, ax, panel, shown: int, tokenizer) -> None:
                        fontsize=FONT)
     ax.set_xlabel("tokens of the retrieved experiences (request -> answer, in retrieval order"
                   + (f"; one in {step} labelled)" if step > 1 else ")"))
-    ax.set_ylabel("slot: token under it (→ nearest token if rewritten)")
+    ax.set_ylabel("slot: ≈ its nearest token" if own else "slot: token under it (→ nearest token if rewritten)")

@@ -147,8 +147,10 @@ class Compressor(nn.Module):
             self.out.bias.zero_()
         self.scale = nn.Parameter(torch.ones(latent_tokens))  # [K]
 
-    def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
-        """ids, mask: [G, L] the contexts' tokens, left-padded. Returns the slots [G, K, H]."""
+    def forward(self, ids: Tensor, mask: Tensor, attention: list[Tensor] | None = None) -> Tensor:
+        """ids, mask: [G, L] the contexts' tokens, left-padded. Returns the slots [G, K, H]. `attention`, if given
+        a list, receives the last layer's attention of the K memory columns over [context ; memory], [G, K, L + K]
+        heads averaged (for inspection; needs the decoder's eager attention)."""
         from lopd.tokens import positions
 
         G, K = ids.shape[0], self.latent_tokens
@@ -156,7 +158,11 @@ class Compressor(nn.Module):
         memory = self.memory.to(embeds.dtype).unsqueeze(0).expand(G, -1, -1)  # [G, K, H]
         x = torch.cat([embeds, memory], dim=1)  # [G, L + K, H]
         full = torch.cat([mask, torch.ones(G, K, dtype=mask.dtype, device=mask.device)], dim=1)  # [G, L + K]
-        h = self.decoder(inputs_embeds=x, attention_mask=full, position_ids=positions(full)).last_hidden_state[:, -K:]
+        out = self.decoder(inputs_embeds=x, attention_mask=full, position_ids=positions(full),
+                           output_attentions=attention is not None)
+        if attention is not None:
+            attention.append(out.attentions[-1][:, :, -K:].mean(1).detach())  # [G, K, L + K]
+        h = out.last_hidden_state[:, -K:]
         scale = self.scale.clamp(0.25, 4.0)[None, :, None]  # [1, K, 1]
         return scale * self.embed_norm * nn.functional.normalize(self.out(h.float()), dim=-1)  # [G, K, H]
 
