@@ -9,7 +9,11 @@ That leaves RL room to learn and gives self-distillation a teacher that can read
     python scripts/train_tiny_policy.py                    # writes src/lopd/assets/tiny/
     python scripts/train_tiny_policy.py --examples 2000 --steps 50 --out /tmp/tiny   # quick check
 
-Deterministic for a given seed and thread count. Takes about an hour on 2 CPU cores.
+Deterministic for a given seed and thread count. Takes about an hour on 2 CPU cores. Killed, it resumes:
+every --checkpoint-every steps it writes `<out>/checkpoint/` (weights, optimiser, schedule, data order,
+log), and the same command run again continues from there to the same weights an uninterrupted run gives.
+Recipe choices read the periodic evaluation on `val` (greedy, 200 tasks: no context, two successful calls
+of the task's tool, its reference answer); `test` and `transfer` are evaluated once, at the last step.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import time
 from pathlib import Path
@@ -26,7 +31,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from lopd.envs.toolworld import ToolWorld, ToolWorldConfig, sft_examples
-from lopd.prompts import context_examples, encode_prompt, prompt_text
+from lopd.prompts import context_examples, context_reference, encode_prompt, prompt_text
 from lopd.rollout import sample
 
 CHAT_TEMPLATE = (
@@ -73,11 +78,15 @@ def batches(examples, batch_size: int, rng: random.Random):
         yield ids, labels, mask
 
 
-def success_rate(model, tokenizer, env: ToolWorld, split: str, n: int, with_context: bool = False,
+def success_rate(model, tokenizer, env: ToolWorld, split: str, n: int, with_context: bool | str = False,
                  show: int = 0) -> float:
+    """Greedy success on the first n tasks of split; context False, True (two successful calls of the task's
+    tool) or "reference" (its reference answer, OPSD's context)."""
     tasks = list(env.tasks(split))[:n]
     contexts = [None] * len(tasks)
-    if with_context:  # two successful calls of the same tool (train split for test, transfer itself otherwise)
+    if with_context == "reference":
+        contexts = [context_reference(env.reference(t)) for t in tasks]
+    elif with_context:  # two successful calls of the same tool (train split for val/test, transfer itself otherwise)
         by_tool: dict[str, list] = {}
         for t in env.tasks("transfer" if split == "transfer" else "train"):
             by_tool.setdefault(t.category, []).append(t)
@@ -87,8 +96,11 @@ def success_rate(model, tokenizer, env: ToolWorld, split: str, n: int, with_cont
     out = sample(model, tokenizer, prompts, temperature=0.0, max_new_tokens=72, batch_size=100)
     scores = [env.score(t, text) for t, text in zip(tasks, out.completions)]
     for t, text, sc in list(zip(tasks, out.completions, scores))[:show]:
-        print(f"  [{split}{'+ctx' if with_context else ''}] {text!r} -> {sc.feedback} (want {env.reference(t)})")
+        print(f"  [{split}{_suffix(with_context)}] {text!r} -> {sc.feedback} (want {env.reference(t)})")
     return sum(sc.success for sc in scores) / len(tasks)
+
+
+RECIPE = ("examples", "steps", "batch_size", "lr", "vocab", "hidden", "layers", "heads", "seed", "bf16")
 
 
 def main() -> None:
@@ -104,15 +116,21 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--checkpoint-every", type=int, default=250, help="steps between resumable checkpoints")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True, help="bf16 autocast matmuls")
     args = ap.parse_args()
+    out = Path(args.out)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     t0 = time.time()
+    resume = load_checkpoint(out, args)
 
     raw = list(sft_examples(args.examples, seed=args.seed))
-    texts = [prompt_text(_Plain(), m, c) + target for m, target, c in raw[:5000]]
-    tokenizer = build_tokenizer(texts, args.vocab)
+    if resume:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(out / "checkpoint")
+    else:
+        texts = [prompt_text(_Plain(), m, c) + target for m, target, c in raw[:5000]]
+        tokenizer = build_tokenizer(texts, args.vocab)
     examples = [encode_example(tokenizer, m, target, c) for m, target, c in raw]
     lengths = [len(e[0]) for e in examples]
     print(f"{len(examples)} examples, tokens/example mean {sum(lengths) / len(lengths):.0f} max {max(lengths)}"
@@ -130,9 +148,22 @@ def main() -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps))))
     env = ToolWorld(ToolWorldConfig(seed=0))
-    step, log = 0, []
+    step, skip, log = 0, 0, {"eval": [], "loss": []}
+    epoch_rng = rng.getstate()  # the data order of the epoch in progress: batches() draws it on its first batch
+    if resume:
+        model.load_state_dict(resume["model"])
+        opt.load_state_dict(resume["optimizer"])
+        sched.load_state_dict(resume["scheduler"])
+        torch.set_rng_state(resume["torch_rng"])
+        step, skip, log, epoch_rng = resume["step"], resume["batch_in_epoch"], resume["log"], resume["epoch_rng"]
+        print(f"resumed from {out / 'checkpoint'} at step {step}", flush=True)
+    else:
+        tokenizer.save_pretrained(out / "checkpoint")
     while step < args.steps:
-        for ids, labels, mask in batches(examples, args.batch_size, rng):
+        rng.setstate(epoch_rng)
+        for batch_in_epoch, (ids, labels, mask) in enumerate(batches(examples, args.batch_size, rng), start=1):
+            if batch_in_epoch <= skip:
+                continue
             model.train()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
                 loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
@@ -143,17 +174,53 @@ def main() -> None:
             sched.step()
             step += 1
             if step % 50 == 0:
+                log["loss"].append({"step": step, "loss": round(loss.item(), 4)})
                 print(f"step {step} loss {loss.item():.4f} lr {sched.get_last_lr()[0]:.2e} ({time.time() - t0:.0f}s)", flush=True)
             if step % args.eval_every == 0 or step == args.steps:
-                row = {"step": step, **{f"{s}{'+ctx' if c else ''}": success_rate(model, tokenizer, env, s, 200, c, show=2)
-                                        for s in ("test", "transfer") for c in (False, True)}}
-                log.append(row)
+                contexts = (False, True, "reference")
+                row = {"step": step, **{f"val{_suffix(c)}": success_rate(model, tokenizer, env, "val", 200, c, show=1)
+                                        for c in contexts}}
+                if step == args.steps:  # the held-out splits once, for the record; never for choosing
+                    row |= {f"{s}{_suffix(c)}": success_rate(model, tokenizer, env, s, 200, c)
+                            for s in ("test", "transfer") for c in contexts}
+                log["eval"].append(row)
                 print(json.dumps(row), flush=True)
-                save(model, tokenizer, Path(args.out), args, log)
+                save(model, tokenizer, out, args, log)
+            if step % args.checkpoint_every == 0 or step == args.steps:
+                save_checkpoint(out, args, model, opt, sched, step, batch_in_epoch, epoch_rng, log)
             if step >= args.steps:
                 break
+        else:  # the epoch ran out: the next one draws its order from where this one left the generator
+            epoch_rng, skip = rng.getstate(), 0
 
     print(f"saved to {args.out} ({time.time() - t0:.0f}s)")
+
+
+def _suffix(context: bool | str) -> str:
+    return {False: "", True: "+ctx", "reference": "+ref"}[context]
+
+
+def load_checkpoint(out: Path, args) -> dict | None:
+    """The checkpoint of an interrupted run with the same recipe, or None; a different recipe is refused."""
+    path = out / "checkpoint" / "state.pt"
+    if not path.exists():
+        return None
+    state = torch.load(path, weights_only=False)
+    for key in RECIPE:
+        if state["args"][key] != getattr(args, key):
+            raise SystemExit(f"{path}: written with --{key.replace('_', '-')} {state['args'][key]}, not "
+                             f"{getattr(args, key)}; run with the same recipe to resume, or use another --out")
+    return state
+
+
+def save_checkpoint(out: Path, args, model, opt, sched, step, batch_in_epoch, epoch_rng, log) -> None:
+    """Everything a resume needs, written atomically (a kill mid-write leaves the previous checkpoint)."""
+    path = out / "checkpoint" / "state.pt"
+    tmp = path.with_suffix(".tmp")
+    torch.save({"args": vars(args), "model": model.state_dict(), "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(), "torch_rng": torch.get_rng_state(), "step": step,
+                "batch_in_epoch": batch_in_epoch, "epoch_rng": epoch_rng, "log": log}, tmp)
+    os.replace(tmp, path)
 
 
 def save(model, tokenizer, out: Path, args, log) -> None:
@@ -162,7 +229,7 @@ def save(model, tokenizer, out: Path, args, log) -> None:
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / "training_log.json").write_text(json.dumps({"args": vars(args), "eval": log}, indent=1))
+    (out / "training_log.json").write_text(json.dumps({"args": vars(args), **log}, indent=1))
 
 
 class _Plain:

@@ -381,3 +381,35 @@ def test_what_may_change_on_resume(tmp_path, monkeypatch):
                                  "rollout.temperature=0.7"])
     assert config_changes(saved, other) == [("env.options.n", 3, _UNSET), ("env.options.seed", _UNSET, 1),
                                             ("optim.lr", 3e-4, 0.5), ("rollout.temperature", 1.0, 0.7)]
+
+
+TRAIN_POLICY = [sys.executable, str(Path(__file__).parents[1] / "scripts" / "train_tiny_policy.py"),
+                "--examples", "2000", "--steps", "45", "--hidden", "64", "--layers", "2", "--heads", "2",
+                "--checkpoint-every", "10", "--eval-every", "45"]  # 32 batches an epoch: the kill may land in either
+
+
+@pytest.mark.slow  # ~60 s: two short pre-training runs of a 64-wide policy
+def test_the_policy_pretraining_script_killed_mid_run_resumes_to_the_same_weights(tmp_path):
+    """scripts/train_tiny_policy.py (the bundled policy's recipe, an hour or more on 2 cores): SIGKILL after its
+    second checkpoint, then the same command, gives the uninterrupted run's weights and evaluation; a resume
+    with another recipe is refused in one line naming the flag."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "2"}
+    whole = subprocess.run(TRAIN_POLICY + ["--out", str(tmp_path / "whole")], capture_output=True, text=True, env=env)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(TRAIN_POLICY + ["--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    state = out / "checkpoint" / "state.pt"
+    while proc.poll() is None and not (state.exists() and torch.load(state, weights_only=False)["step"] >= 20):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
+    assert not (out / "model.safetensors").exists()  # the first evaluation (and save) is at the last step
+    resumed = subprocess.run(TRAIN_POLICY + ["--out", str(out)], capture_output=True, text=True, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stdout
+    assert (out / "model.safetensors").read_bytes() == (tmp_path / "whole" / "model.safetensors").read_bytes()
+    logs = [json.loads((d / "training_log.json").read_text())["eval"] for d in (out, tmp_path / "whole")]
+    assert logs[0] == logs[1]
+    refused = subprocess.run(TRAIN_POLICY + ["--out", str(out), "--lr", "1e-3"], capture_output=True, text=True, env=env)
+    assert refused.returncode != 0
+    assert refused.stderr.strip().splitlines()[-1] == f"{state}: written with --lr 0.003, not 0.001; run with the same recipe to resume, or use another --out"
