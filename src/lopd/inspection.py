@@ -107,7 +107,7 @@ def compressor_panel(algorithm, tokenizer, task, context: str, unit: torch.Tenso
     tokens (heads averaged), computed with eager attention (the only kind that returns weights)."""
     compressor = algorithm.composer
     K = compressor.latent_tokens
-    ids = tokenizer(context, add_special_tokens=False)["input_ids"][: algorithm.cfg.algorithm.lopd.max_experience_tokens * 8]
+    ids = tokenizer(context, add_special_tokens=False)["input_ids"][: algorithm.compressor_token_limit]
     compressor.decoder.set_attn_implementation("eager")  # this algorithm object serves the inspection only
     attention: list[torch.Tensor] = []
     with torch.no_grad():

@@ -226,9 +226,14 @@ class LOPD(RetrievalMixin, SelfDistillation):
                 at += len(h)
         return self.composer(memory, pad, success, attention=attention, under=under)
 
+    @property
+    def compressor_token_limit(self) -> int:
+        """The most context tokens the compressor reads (room for several experiences of max_experience_tokens)."""
+        return self.cfg.algorithm.lopd.max_experience_tokens * 8
+
     def compress(self, texts: list[str | None]) -> torch.Tensor:
         """The compressor's slots for each row's context: [b, K, H], zeros for a row without context."""
-        return compress_texts(self.composer, self.tokenizer, texts, self.cfg.algorithm.lopd.max_experience_tokens * 8)
+        return compress_texts(self.composer, self.tokenizer, texts, self.compressor_token_limit)
 
     def latent_teacher(self, batch, ctx: RetrievalContext) -> tuple[TokenStats, dict[str, Term]]:
         """The teacher reading the composer's slots (gradient open back to the composer), and the slots'
