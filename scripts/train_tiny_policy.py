@@ -8,6 +8,7 @@ That leaves RL room to learn and gives self-distillation a teacher that can read
 
     python scripts/train_tiny_policy.py                    # writes src/lopd/assets/tiny/
     python scripts/train_tiny_policy.py --examples 2000 --steps 50 --out /tmp/tiny   # quick check
+    python scripts/train_tiny_policy.py --p-context 0.8 --out /tmp/ctx   # a policy trained more on reading a context
 
 Deterministic for a given seed and thread count. Takes about an hour on 2 CPU cores. Killed, it resumes:
 every --checkpoint-every steps it writes `<out>/checkpoint/` (weights, optimiser, schedule, data order,
@@ -100,13 +101,16 @@ def success_rate(model, tokenizer, env: ToolWorld, split: str, n: int, with_cont
     return sum(sc.success for sc in scores) / len(tasks)
 
 
-RECIPE = ("examples", "steps", "batch_size", "lr", "vocab", "hidden", "layers", "heads", "seed", "bf16")
+RECIPE_BEFORE = {"p_context": 0.5}  # recipe flags added later: what a checkpoint written before them used
+RECIPE = ("examples", "p_context", "steps", "batch_size", "lr", "vocab", "hidden", "layers", "heads", "seed", "bf16")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="src/lopd/assets/tiny")
     ap.add_argument("--examples", type=int, default=60000)
+    ap.add_argument("--p-context", type=float, default=0.5,
+                    help="share of the examples that carry a privileged context (what a self-teacher reads)")
     ap.add_argument("--steps", type=int, default=2500)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -125,7 +129,7 @@ def main() -> None:
     t0 = time.time()
     resume = load_checkpoint(out, args)
 
-    raw = list(sft_examples(args.examples, seed=args.seed))
+    raw = list(sft_examples(args.examples, seed=args.seed, p_context=args.p_context))
     if resume:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(out / "checkpoint")
     else:
@@ -207,8 +211,9 @@ def load_checkpoint(out: Path, args) -> dict | None:
         return None
     state = torch.load(path, weights_only=False)
     for key in RECIPE:
-        if state["args"][key] != getattr(args, key):
-            raise SystemExit(f"{path}: written with --{key.replace('_', '-')} {state['args'][key]}, not "
+        written = state["args"].get(key, RECIPE_BEFORE.get(key))
+        if written != getattr(args, key):
+            raise SystemExit(f"{path}: written with --{key.replace('_', '-')} {written}, not "
                              f"{getattr(args, key)}; run with the same recipe to resume, or use another --out")
     return state
 
