@@ -158,3 +158,28 @@ def test_rows_per_group_keeps_k_contexts_per_group_the_same_at_every_call(toolwo
     assert len(draws) > 1  # a new draw every step
     with pytest.raises(Exception, match="algorithm.distill.rows_per_group.*mask_without_context"):
         _algorithm("opsd", tiny, toolworld, ["algorithm.distill.rows_per_group=1", "algorithm.distill.mask_without_context=false"])
+
+
+def test_skip_successes_distils_the_failures_only(toolworld, tiny):
+    """`distill.skip_successes`: OPSD gives all six rows a context, so the term is the mean over the five failed
+    rows' tokens; the success's tokens get no gradient from it; the teacher's gain on the success is still
+    measured (its diagnostics read every row with a context)."""
+    from lopd.update import whole_batch
+
+    algo = _algorithm("opsd", tiny, toolworld, ["algorithm.distill.skip_successes=true"])
+    s, t = _pair(B=6, T=3)
+    batch = _hand_batch(toolworld)
+    ctx = algo.build_context(batch, 1)
+    assert ctx.has_context.all()
+    loss, metrics = whole_batch(algo.distill_terms(batch, ctx, s, t))
+    per = token_divergence(s, t, "full")  # [6, 3]
+    failures = [0, 2, 3, 4, 5]
+    assert loss.item() == pytest.approx(per[failures].mean().item(), rel=1e-12)
+    assert metrics["context/coverage"] == pytest.approx(1.0)
+    gain = (t.logprobs() - s.logprobs()).detach()  # [6, 3]
+    assert metrics["context/teacher_gain_success"] == pytest.approx(gain[1].mean().item(), rel=1e-12)
+    loss.backward()
+    grad = s.hidden.grad  # [6, 3, H]
+    assert grad[1].abs().max() == 0 and all(grad[i].abs().max() > 0 for i in failures)
+    every, _ = whole_batch(_algorithm("opsd", tiny, toolworld).distill_terms(batch, ctx, s, t))  # the default
+    assert every.item() == pytest.approx(per.mean().item(), rel=1e-12)

@@ -233,6 +233,11 @@ class DistillConfig:
     coef: float = _help("weight of the distillation loss", 1.0)
     pg_weight: float = _help("weight of an added GRPO loss (hybrid); 0 = pure distillation", 0.0)
     mask_without_context: bool = _help("no distillation on trajectories whose teacher got no context", True)
+    skip_successes: bool = _help("leave the student's successful trajectories out of the distillation term: they keep "
+                                 "the policy gradient alone (pg_weight), so a teacher that is worse than the student "
+                                 "on what it already gets right does not pull it back there; failures are distilled "
+                                 "as before (the teacher still reads every row with a context, for its diagnostics "
+                                 "and LOPD's composer)", False)
     rows_per_group: int = _help("distil on this many rows of each sampling group, drawn at random every batch among "
                                 "those with a context (LOPD's composer terms too); the others' teacher reads no "
                                 "context, so they train by the policy gradient alone (pg_weight): the same expected "

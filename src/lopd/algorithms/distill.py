@@ -11,9 +11,11 @@ with D one of the estimators of `losses.token_divergence` and the target (`algor
               KL over the vocabulary: a dense policy gradient on the context's log-ratio, 0 where it changes
               nothing, so the student is never pulled back toward the teacher's (initial) weights
 A text method only says what the context c is (`privileged_contexts`). Trajectories whose teacher got no
-context are left out of the distillation term (`mask_without_context`). With `rows_per_group` k, only k rows
-of each group keep their context (drawn at random each batch): the distillation's mean is estimated on them,
-and the teacher (and, with pg_weight, the student on groups without reward variance) runs on k/G of the rows.
+context are left out of the distillation term (`mask_without_context`); with `skip_successes`, so are the
+student's successes (they keep the policy gradient alone: a teacher worse than the student where it is already
+right does not pull it back there). With `rows_per_group` k, only k rows of each group keep their context (drawn
+at random each batch): the distillation's mean is estimated on them, and the teacher (and, with pg_weight, the
+student on groups without reward variance) runs on k/G of the rows.
 """
 
 from __future__ import annotations
@@ -66,21 +68,25 @@ class SelfDistillation(Algorithm):
         texts = self.privileged_contexts(batch, step)
         return self.new_context(batch, step, privileged=texts, has_context=torch.tensor([c is not None for c in texts]))
 
-    def distilled(self, mask: torch.Tensor, has_context: torch.Tensor) -> torch.Tensor:
+    def distilled(self, mask: torch.Tensor, has_context: torch.Tensor, success: torch.Tensor) -> torch.Tensor:
         """The distillation term's mask: the trained tokens, of trajectories whose teacher got a context
-        (with `mask_without_context`).   [B, T], [B] -> [B, T]"""
-        has_context = has_context.to(mask.device, mask.dtype)
-        return mask * has_context[:, None] if self.cfg.algorithm.distill.mask_without_context else mask
+        (with `mask_without_context`) and that failed (with `skip_successes`).   [B, T], [B], [B] -> [B, T]"""
+        d = self.cfg.algorithm.distill
+        if d.mask_without_context:
+            mask = mask * has_context.to(mask.device, mask.dtype)[:, None]
+        if d.skip_successes:
+            mask = mask * (~success.to(mask.device, torch.bool)).to(mask.dtype)[:, None]
+        return mask
 
     def units(self, batch, ctx):
-        units = {"distill": losses.per_unit(batch.completion_mask, self.distilled(batch.completion_mask, ctx.has_context),
-                                            self.cfg.algorithm.aggregation)[1]}
+        distilled = self.distilled(batch.completion_mask, ctx.has_context, batch.success)  # [B, T]
+        units = {"distill": losses.per_unit(batch.completion_mask, distilled, self.cfg.algorithm.aggregation)[1]}
         if self.cfg.algorithm.distill.pg_weight > 0:
             units["policy"] = policy_units(self.cfg, batch.completion_mask)
         return units
 
     def live_rows(self, batch, ctx):
-        live = self.distilled(batch.completion_mask, ctx.has_context).sum(-1) > 0  # [B]
+        live = self.distilled(batch.completion_mask, ctx.has_context, batch.success).sum(-1) > 0  # [B]
         return live | policy_live(self.cfg, ctx.advantages) if self.cfg.algorithm.distill.pg_weight > 0 else live
 
     def teacher_stats(self, batch, ctx: Context, student: TokenStats | None = None) -> TokenStats:
@@ -130,7 +136,7 @@ class SelfDistillation(Algorithm):
         `base`: the teacher without context (the gated and residual targets)."""
         d = self.cfg.algorithm.distill
         has_context = ctx.has_context.to(student.mask.device, student.mask.dtype)  # [B]
-        mask = self.distilled(student.mask, has_context)  # [B, T]
+        mask = self.distilled(student.mask, has_context, batch.success)  # [B, T]
         trained = self.trains_student(ctx)
         shown = student if trained else student.detached()
         extra: dict[str, Term] = {}
