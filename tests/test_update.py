@@ -35,6 +35,7 @@ BASE = ["rollout.tasks_per_step=4", "rollout.group_size=4", "rollout.max_new_tok
 # groups of 4: mixed, no success, mixed, all successes
 REWARDS = [1.0, 0.0, 0.0, 0.0] + [0.0] * 4 + [1.0, 1.0, 0.0, 1.0] + [1.0] * 4
 WITHOUT_CONTEXT = [2, 8, 9, 10, 11]  # rows whose retrieval "found nothing" (where the method has one)
+SUCCESSES = {i for i, r in enumerate(REWARDS) if r == 1.0}
 
 
 def _session(toolworld, name, overrides=()):
@@ -139,6 +140,12 @@ def test_live_rows_by_hand(toolworld):
         ("lopd", [], set(range(16)) - set(WITHOUT_CONTEXT)),
         ("lopd", ["algorithm.distill.pg_weight=1.0"], (set(range(16)) - set(WITHOUT_CONTEXT)) | mixed),
         ("grpo", ["algorithm.pg.kl_coef=0.1"], set(range(16))),
+        # distill.skip_successes: the successes (0, 8, 9, 11, 12-15) leave the distillation; LOPD's training composer
+        # still reads every row with a context
+        ("sdpo", ["algorithm.distill.skip_successes=true"], sdpo - SUCCESSES),
+        ("lopd", ["algorithm.distill.skip_successes=true", "algorithm.lopd.train_composer=false"],
+         set(range(16)) - set(WITHOUT_CONTEXT) - SUCCESSES),
+        ("lopd", ["algorithm.distill.skip_successes=true"], set(range(16)) - set(WITHOUT_CONTEXT)),
     ]:
         s = _session(toolworld, name, overrides)
         batch, ctx = _batch_and_context(s, toolworld)

@@ -268,6 +268,12 @@ class LOPD(RetrievalMixin, SelfDistillation):
         c = self.cfg.algorithm.lopd
         return ctx.step > c.composer_warmup_steps and ctx.pass_index >= ctx.extra_passes
 
+    def live_rows(self, batch, ctx):
+        """The distilled rows (and the policy gradient's), and while the composer trains every row with a context:
+        its terms read the student's successes too, which `distill.skip_successes` leaves out of the distillation."""
+        live = super().live_rows(batch, ctx)  # [B]
+        return live | ctx.has_context.to(live.device) if self.cfg.algorithm.lopd.train_composer else live
+
     def teacher_side(self, teacher: TokenStats) -> TokenStats:
         """One divergence, both partial gradients: the student's coef * KL(p || sg q) and the composer's
         beta * KL(sg p || q): the teacher's hidden states pass beta / coef of the gradient to z."""
