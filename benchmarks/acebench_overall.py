@@ -29,11 +29,11 @@ from typing import Mapping, Sequence
 
 import torch
 
-from lopd.config import ModelConfig
 from lopd.envs.acebench import AGENT, NORMAL, SPECIAL, ACEBenchConfig, leaderboard_summary
 from lopd.envs.acebench_agent import CATEGORY, MODES, ACEBenchAgent, assistant_replies
 from lopd.evaluation import evaluate_split
 from lopd.models import load_policy
+from lopd.schema import ModelConfig
 
 HERE = Path(__file__).resolve().parent
 FORMULA = ("0.578 * mean(normal, 12 categories) + 0.2676 * mean(special, 3) + 0.1545 * mean(agent_multi_turn, "

@@ -47,8 +47,8 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def tiny():
     """The bundled tiny policy and its tokenizer (float32, CPU)."""
-    from lopd.config import ModelConfig
     from lopd.models import load_policy
+    from lopd.schema import ModelConfig
 
     torch.manual_seed(0)
     return load_policy(ModelConfig(name="tiny"))

@@ -139,7 +139,7 @@ def test_calls_that_cannot_run_get_an_error():
 def test_rows_splits_and_registration(env, tasks):
     assert len(tasks) == 20 and set(env.splits()) == set(SPLITS)
     assert isinstance(env, Env) and "acebench_agent" in ENVS
-    from lopd.config import EnvConfig
+    from lopd.schema import EnvConfig
     assert isinstance(build_env(EnvConfig(name="acebench_agent")), ACEBenchAgent)
     train, test = env.tasks("train"), env.tasks("test")
     train_ids, test_ids = {t.id for t in train}, {t.id for t in test}

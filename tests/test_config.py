@@ -2,8 +2,9 @@
 
 import pytest
 
-from lopd.config import Config, describe, load_config, to_yaml
+from lopd.config import describe, load_config, to_yaml
 from lopd.errors import ConfigError
+from lopd.schema import Config
 
 
 def test_defaults_yaml_and_overrides_compose(tmp_path):
@@ -14,6 +15,22 @@ def test_defaults_yaml_and_overrides_compose(tmp_path):
     assert cfg.train.max_rollouts == 256 and cfg.model.lora.r == 4 and cfg.model.lora.enabled
     assert cfg.algorithm.aggregation.value == "sequence"
     assert cfg.rollout.group_size == Config().rollout.group_size
+
+
+def test_schema_names_still_import_from_config():
+    """The schema's names, imported from `lopd.config` as before `lopd.schema` existed (user code, and
+    checkpoints pickled then), are the schema's; a name neither has is an AttributeError."""
+    import pickle
+
+    import lopd.config
+    import lopd.schema
+    from lopd.config import Config as Loaded, DistillTarget
+
+    assert Loaded is lopd.schema.Config and DistillTarget is lopd.schema.DistillTarget
+    old = pickle.dumps(DistillTarget.gated, protocol=0).replace(b"lopd.schema", b"lopd.config")
+    assert b"lopd.config" in old and pickle.loads(old) is DistillTarget.gated
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        lopd.config.NoSuchName
 
 
 def test_resolved_config_roundtrips(tmp_path):

@@ -359,8 +359,8 @@ def test_retrieval_keys_restrict_the_candidates_then_rank_by_request(tmp_path):
     category; request finds any. A task that offers no tools falls back to any."""
     from types import SimpleNamespace
 
-    from lopd.config import RetrievalKey
     from lopd.latent.memory import allowed
+    from lopd.schema import RetrievalKey
 
     rng = np.random.default_rng(3)
     keys = _unit(rng, 4)

@@ -17,8 +17,8 @@ SMOKE = ["model.name=smollm2-135m", "model.dtype=float32", "train.device=cpu", "
 
 
 def test_smollm2_converts_once_and_loads_as_a_chat_model():
-    from lopd.config import ModelConfig
     from lopd.models import load_policy, smollm2_folder
+    from lopd.schema import ModelConfig
 
     folder = smollm2_folder()
     assert (folder / "model.safetensors").is_file()

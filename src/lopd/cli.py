@@ -23,9 +23,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-from lopd.config import CONFIG_DIR, Config, EmbedderKind, config_path, describe, load_config
+from lopd.config import CONFIG_DIR, config_path, describe, load_config
 from lopd.errors import ConfigError, LopdError
 from lopd.quiet import silence_third_party
+from lopd.schema import Config, EmbedderKind
 
 
 def split_args(items: list[str]) -> tuple[str | None, list[str]]:

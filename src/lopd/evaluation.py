@@ -105,10 +105,11 @@ def evaluate(source, *, env: Env | None = None, splits: Sequence[str] | None = N
     `splits` (default: the config's `env.eval_splits`) of `env` (default: the config's env). Returns one
     `EvalResult` per split; `EvalResult.checkpoint` says which weights were evaluated. `on_result` is
     called with each split's result as soon as it is done (the CLI saves it, so a killed run resumes)."""
-    from lopd.config import Config, with_overrides
+    from lopd.config import with_overrides
     from lopd.envs import build_env
     from lopd.quiet import silence_third_party
     from lopd.runs import OpenRun, open_run
+    from lopd.schema import Config
     from lopd.session import env_tasks, given_env
 
     silence_third_party()

@@ -34,7 +34,7 @@ from typing import Iterator
 import torch
 
 from lopd import dist, failpoints, fsdp, host_memory
-from lopd.config import Config, to_yaml
+from lopd.config import to_yaml
 from lopd.envs import Env
 from lopd.errors import LopdError
 from lopd.evaluation import evaluate_split
@@ -43,6 +43,7 @@ from lopd.report import flat_message, trailing_flat
 from lopd.rollout import RolloutBatch
 from lopd.runs import one_line_write_errors, warn
 from lopd.run_io import Progress, Terminated, Timer, tensorboard_writer, terminated_as_interrupt
+from lopd.schema import Config
 from lopd.session import RunState, Session, build, group_seed, restore, tasks_for_step
 from lopd.update import update
 

@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from lopd.config import Aggregation, DistillEstimator, KLEstimator
+from lopd.schema import Aggregation, DistillEstimator, KLEstimator
 from lopd.tokens import TokenStats, head_logits, masked, per_token, trained_positions
 
 __all__ = ["masked"]  # re-exported: the one masking rule (a masked inf stays out of values and gradients)

@@ -44,7 +44,6 @@ from typing import Sequence
 import torch
 
 from lopd import losses
-from lopd.config import Config, DistillEstimator, RetrievalKey
 from lopd.envs import build_env
 from lopd.latent.memory import ExperienceMemory
 from lopd.latent.pretrain import compress_texts, new_compressor, pretrained_compressor
@@ -52,6 +51,7 @@ from lopd.errors import ConfigError
 from lopd.models import load_policy
 from lopd.prompts import context_reference, encode_prompt
 from lopd.rollout import RolloutBatch, sample, sample_and_score
+from lopd.schema import Config, DistillEstimator, RetrievalKey
 from lopd.session import env_tasks, tasks_for_step
 from lopd.teacher import FrozenTeacher, LatentSlots
 from lopd.tokens import set_prompt_sharing

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Iterator
 import torch
 
 from lopd import host_memory
-from lopd.config import Config
 from lopd.runs import RunDir, one_line_write_errors
+from lopd.schema import Config
 
 if TYPE_CHECKING:
     from lopd.session import RunState

@@ -18,13 +18,13 @@ import torch
 
 from lopd import dist, fsdp
 from lopd.algorithms import REGISTRY, Algorithm, build_algorithm
-from lopd.config import Config, RolloutEngine
 from lopd.dist import World
 from lopd.envs import Env, Task, build_env, object_env_name, record_bundled_settings, resolved_env_name
 from lopd.errors import ConfigError, LopdError
 from lopd.models import copies_of, load_policy, trainable_parameters
 from lopd.prompts import encode_prompt
 from lopd.runs import RunDir, refuse_another_run, run_dir_for
+from lopd.schema import Config, RolloutEngine
 from lopd.seeding import seed_everything
 from lopd.tokens import set_prompt_sharing
 

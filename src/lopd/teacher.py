@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from lopd.config import LatentPosition, TeacherWeights
 from lopd.models import base_model, checkpointing_on, frozen_copy, is_lora, weight_copy
 from lopd.prompts import PLACEHOLDER, context_span, encode_prompt
 from lopd.rollout import left_pad
+from lopd.schema import LatentPosition, TeacherWeights
 from lopd.tokens import Latents, TokenStats, score_completions
 
 if TYPE_CHECKING:

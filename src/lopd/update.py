@@ -24,10 +24,10 @@ import torch
 from lopd import dist, failpoints, fsdp, host_memory, microbatch
 from lopd.algorithms import Algorithm, Context
 from lopd.algorithms.base import Term
-from lopd.config import Config, head_dtype_of
 from lopd.dist import World
 from lopd.errors import LopdError
 from lopd.rollout import RolloutBatch
+from lopd.schema import Config, head_dtype_of
 from lopd.tokens import score_completions
 
 

@@ -30,8 +30,8 @@ from torch import Tensor
 from lopd import losses
 
 if TYPE_CHECKING:
-    from lopd.config import Config
     from lopd.rollout import RolloutBatch
+    from lopd.schema import Config
     from lopd.tokens import TokenStats
 
 

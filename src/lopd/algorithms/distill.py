@@ -27,8 +27,8 @@ import torch
 from lopd import losses
 from lopd.algorithms.base import Algorithm, Context, Term, measured, rows
 from lopd.algorithms.grpo import initial_policy, policy_live, policy_terms, policy_units
-from lopd.config import DistillTarget, TeacherWeights, head_dtype_of
 from lopd.errors import ConfigError
+from lopd.schema import DistillTarget, TeacherWeights, head_dtype_of
 from lopd.teacher import build_teacher
 from lopd.tokens import TokenStats
 

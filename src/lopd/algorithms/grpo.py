@@ -14,7 +14,7 @@ import torch
 
 from lopd import losses
 from lopd.algorithms.base import Algorithm, Context, Term, measured
-from lopd.config import head_dtype_of
+from lopd.schema import head_dtype_of
 from lopd.teacher import FrozenTeacher
 
 

@@ -49,12 +49,12 @@ import torch
 from lopd import losses
 from lopd.algorithms.base import Context, Term, measured, rows
 from lopd.algorithms.distill import SelfDistillation
-from lopd.config import ComposerKind, ComposerObjective, DistillEstimator
 from lopd.latent.composer import Composer, Compressor, slot_cosine
 from lopd.latent.pretrain import compress_texts, load_compressor, new_compressor
 from lopd.latent.memory import ExperienceEncoder, ExperienceMemory
 from lopd.errors import ConfigError
 from lopd.prompts import PLACEHOLDER, context_examples, context_span
+from lopd.schema import ComposerKind, ComposerObjective, DistillEstimator
 from lopd.teacher import LatentSlots
 from lopd.tokens import TokenStats
 

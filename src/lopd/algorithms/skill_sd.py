@@ -15,12 +15,12 @@ the run directory (`skills/`), so a resumed run finds it again.
 from __future__ import annotations
 
 from lopd.algorithms.distill import SelfDistillation
-from lopd.config import SkillExtractor
 from lopd.envs.calls import ParseFailure, parse_calls, render_calls
 from lopd.latent.embedder import build_embedder
 from lopd.latent.experience_bank import Experience, ExperienceBank
 from lopd.latent.memory import allowed, checkpointed_count
 from lopd.prompts import called_tools, context_skills, encode_prompt, task_text
+from lopd.schema import SkillExtractor
 
 SUMMARY_PROMPT = ("Here is a request and a correct answer to it. In one short sentence, state the lesson "
                   "that would help answer similar requests.\nRequest: {request}\nAnswer: {answer}")

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from lopd.config import RolloutEngine, head_dtype_of
 from lopd.models import is_lora
 from lopd.rollout import collect
+from lopd.schema import RolloutEngine, head_dtype_of
 
 
 class HFGenerate:

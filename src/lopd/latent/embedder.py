@@ -76,7 +76,7 @@ class BackboneEmbedder:
 
 def build_embedder(kind, path: str = "", frozen=None, tokenizer=None) -> Embedder:
     """`algorithm.retrieval.embedder`: 'minilm' or 'backbone' (an `EmbedderKind`)."""
-    from lopd.config import EmbedderKind
+    from lopd.schema import EmbedderKind
 
     if kind == EmbedderKind.minilm:
         return SentenceEmbedder(path)

@@ -31,8 +31,8 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from lopd.config import Eviction, choice
 from lopd.errors import LopdError
+from lopd.schema import Eviction, choice
 
 
 @dataclass

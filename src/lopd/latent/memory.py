@@ -12,11 +12,11 @@ from collections import OrderedDict
 
 import torch
 
-from lopd.config import RememberWhat, RetrievalKey
 from lopd.latent.embedder import build_embedder
 from lopd.latent.experience_bank import Experience, ExperienceBank, Retrieved
 from lopd.prompts import called_tools, offered_tools, task_text
 from lopd.fsdp import is_sharded, union
+from lopd.schema import RememberWhat, RetrievalKey
 from lopd.tokens import decoder_and_head
 
 

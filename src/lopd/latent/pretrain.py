@@ -43,10 +43,10 @@ import torch
 from torch import Tensor
 
 from lopd import losses
-from lopd.config import Config, DistillEstimator
 from lopd.envs.base import DataError, Task, read_jsonl
 from lopd.errors import ConfigError
 from lopd.latent.composer import Compressor, memory_embeddings
+from lopd.schema import Config, DistillEstimator
 from lopd.teacher import FrozenTeacher, LatentSlots
 from lopd.tokens import set_prompt_sharing
 
