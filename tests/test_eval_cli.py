@@ -16,6 +16,11 @@ def _eval(tmp_path, capsys, *splits, overrides=()):
 def test_eval_json_is_written_per_split_and_resumed(tmp_path, capsys):
     out, first = _eval(tmp_path, capsys, "test")
     assert set(first["splits"]) == {"test"} and first["splits"]["test"]["n"] == 3
+    outcomes = first["splits"]["test"]["outcomes"]  # task by task, for paired comparisons
+    from lopd.envs.toolworld import ToolWorld
+
+    assert list(outcomes) == [str(t.id) for t in ToolWorld().tasks("test")[:3]]
+    assert sum(outcomes.values()) == round(3 * first["splits"]["test"]["success"])
     assert "already evaluated" not in out
     # a sentinel in the file: a split that is kept is read back, not evaluated again
     first["splits"]["test"]["success"] = 0.625

@@ -38,9 +38,12 @@ class EvalResult:
     config: object = field(default=None, repr=False)  # the Config evaluated under (set by `evaluate`)
 
     def summary(self) -> dict:
-        """The JSON-able figures (`lopd eval --json`), without samples, checkpoint and config."""
+        """The JSON-able figures (`lopd eval --json`), without completions, checkpoint and config; `outcomes`
+        is each evaluated task's id and whether it succeeded, in the split's order (what a paired comparison of
+        two evaluations on the same tasks, e.g. McNemar's test, needs)."""
         return {"n": self.n, "success": self.success, "reward": self.reward, "modes": self.modes,
-                "per_category": self.per_category, "per_category_modes": self.per_category_modes}
+                "per_category": self.per_category, "per_category_modes": self.per_category_modes,
+                "outcomes": {str(s["id"]): bool(s["success"]) for s in self.samples}}
 
     @classmethod
     def from_summary(cls, split: str, d: dict) -> "EvalResult":
