@@ -153,6 +153,44 @@ def test_live_rows_by_hand(toolworld):
         assert set(torch.nonzero(live).flatten().tolist()) == want, (name, overrides)
 
 
+@pytest.mark.parametrize("variant", ["compressor", "rows"])
+def test_a_frozen_composer_measures_every_nth_step_and_updates_the_same(toolworld, variant):
+    """`algorithm.lopd.measure_every`: with the composer frozen, pi_0 (Delta) and the compressor's text teacher
+    (its context-distillation KL) only measure. On step 2 with measure_every 2 neither runs, every measurement
+    of theirs is absent, and the update and every other term are the same, bit for bit, as when they run."""
+    frozen = [*VARIANTS[variant], "algorithm.lopd.train_composer=false"]
+    results = {}
+    for every in (1, 2):
+        s = _session(toolworld, "lopd", [*frozen, f"algorithm.lopd.measure_every={every}"])
+        batch, ctx = _batch_and_context(s, toolworld)
+        assert s.algorithm.measures(ctx) == (every == 1)
+        calls = {"initial": 0, "text": 0}
+
+        def counting(name, score):
+            def counted(*args, **kwargs):
+                calls[name] += 1
+                return score(*args, **kwargs)
+            return counted
+
+        torch.manual_seed(5)
+        with mock.patch.object(s.algorithm.initial_policy, "score", counting("initial", s.algorithm.initial_policy.score)), \
+                mock.patch.object(s.algorithm.teacher, "score", counting("text", s.algorithm.teacher.score)):
+            metrics = update(s.model, s.algorithm, s.optimizer, s.scheduler, batch, ctx, s.cfg)
+        results[every] = _trained(s), metrics, calls
+    (weights, measured, calls), (skipped_weights, skipped, skipped_calls) = results[1], results[2]
+    assert calls["initial"] > 0 and skipped_calls["initial"] == 0
+    assert skipped_calls["text"] == 0 and (calls["text"] > 0) == (variant == "compressor")
+    only_measured = {"context/delta_success", "context/delta_failure", "context/constraint", "loss/margin"}
+    assert only_measured <= set(measured) - set(skipped)
+    assert ("loss/cd" in measured) == (variant == "compressor") and "loss/cd" not in skipped
+    for key in skipped:
+        assert skipped[key] == measured[key], key
+    for a, b in zip(weights, skipped_weights):
+        assert torch.equal(a, b)
+    s = _session(toolworld, "lopd", [*VARIANTS[variant], "algorithm.lopd.measure_every=2"])
+    assert s.algorithm.measures(_batch_and_context(s, toolworld)[1])  # a training composer reads them every step
+
+
 @pytest.mark.parametrize("name", ["lopd"] + [pytest.param(n, marks=pytest.mark.slow) for n in ("grpo", "sdpo")])
 def test_a_batch_with_nothing_to_learn_steps_adamw_exactly_as_before(toolworld, name):
     """After a step that built AdamW's moments, a batch with no reward variance and no context: skipped,

@@ -294,6 +294,11 @@ class LOPDConfig:
     token_queries: bool = _help("each slot's query also reads the embedding of the context token under it, so slots "
                                 "can differ (needs copy_experience_tokens); false: K learned queries alone", False)
     train_composer: bool = _help("train the composer (false: the frozen random-composer ablation)", True)
+    measure_every: int = _help("with the composer frozen, the forwards that only measure (pi_0 for Delta, the margin's "
+                               "and the privilege's diagnostics, unless the distillation target reads the context-free "
+                               "teacher; the compressor's text teacher for its context-distillation KL) run on step 1 "
+                               "and every N-th step after: they feed no gradient, so the update is the same (1: every "
+                               "step; a training composer and the compressor's warm-up read them on every step)", 1)
     composer_lr: float = _help("learning rate of the composer", 1e-2)
     objective: ComposerObjective = _help("the composer's objective", ComposerObjective.kl)
     privilege_weight: float = _help("weight of -mean(A * Delta) in the `privilege` objective", 1.0)
@@ -431,6 +436,7 @@ RANGES = [  # (dotted key, lowest, highest, inclusive at the bottom): values the
     ("algorithm.distill.rows_per_group", 0, float("inf"), True),
     ("algorithm.lopd.latent_tokens", 1, float("inf"), True),
     ("algorithm.lopd.retrieve_k", 0, float("inf"), True),
+    ("algorithm.lopd.measure_every", 1, float("inf"), True),
 ]
 
 

@@ -282,9 +282,18 @@ class LOPD(RetrievalMixin, SelfDistillation):
         h = teacher.hidden
         return replace(teacher, hidden=w * h + (1 - w) * h.detach(), _logprobs=None)
 
+    def measures(self, ctx: RetrievalContext) -> bool:
+        """Whether this step runs the forwards that only measure when the composer is frozen: pi_0 for Delta
+        (the margin, the privilege) and the compressor's text teacher for its context-distillation KL. A
+        training composer's gradient reads them, and the compressor's warm-up ends on their KL ratio, so both
+        run them on every step; otherwise step 1 and every `measure_every`-th step after."""
+        c = self.cfg.algorithm.lopd
+        return c.train_composer or not ctx.latent or (ctx.step - 1) % c.measure_every == 0
+
     def loss(self, batch, ctx: RetrievalContext, student):
         # pi_0 and the teachers are scored on the rows with a context only, where the others are not distilled
         # (policy-gradient rows of `distill.rows_per_group`): nothing they would say reaches a loss
+        measure = self.measures(ctx)
         part = torch.nonzero(ctx.has_context).flatten()
         whole = not self.cfg.train.skip_zero_loss_rows or len(part) == len(batch)
         on, on_ctx = (batch, ctx) if whole else (batch.select(part.cpu()), ctx.select(part.cpu()))
@@ -294,8 +303,10 @@ class LOPD(RetrievalMixin, SelfDistillation):
             initial = latent = replace(student.detached(), hidden=torch.zeros_like(student.hidden), _logprobs=None)
             slot_terms = {}
         else:
-            with torch.no_grad():
-                initial = placed(self.initial_policy.score(on))  # pi_0: the context-free frozen model
+            initial = None  # pi_0, the context-free frozen model: for the measurements and the targets that read it
+            if measure or self.needs_base():
+                with torch.no_grad():
+                    initial = placed(self.initial_policy.score(on))
             latent, slot_terms = self.latent_teacher(on, on_ctx)
             latent = placed(latent)
         text = None
@@ -303,6 +314,8 @@ class LOPD(RetrievalMixin, SelfDistillation):
             with torch.no_grad():
                 text = placed(self.teacher.score(on, on_ctx.privileged))
         terms = self.distill_terms(batch, ctx, student, latent if text is None else text, self.base_stats(batch, initial))
+        if not measure:  # a frozen composer's terms move nothing: measured on other steps
+            return {**terms, **slot_terms}
         composer = self.composer_terms(batch, ctx, student, latent, initial)
         if self.compresses:
             terms.update(self.context_distillation(batch, ctx, latent, initial, text))
