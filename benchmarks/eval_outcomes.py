@@ -19,6 +19,11 @@ runs of the same seed (paired by directory name): a method's difference from GRP
     .venv/bin/python benchmarks/eval_outcomes.py runs/compare_toolworld_smollm2/grpo/seed* --split val --gain
     .venv/bin/python benchmarks/eval_outcomes.py runs/compare_toolworld_smollm2/lopd/seed* --split val \
         --versus runs/compare_toolworld_smollm2/grpo/seed*
+
+Where a run directory goes, a `lopd eval --json` file may go too (its checkpoint's evaluation, from the
+`outcomes` it holds): `--versus` pairs the final checkpoints' `test` evaluations by the `seedN` in their names.
+
+    .venv/bin/python benchmarks/eval_outcomes.py eval/lopd_seed*.json --split test --versus eval/grpo_seed*.json
 """
 
 from __future__ import annotations
@@ -53,7 +58,15 @@ def mcnemar_exact(only_a: int, only_b: int) -> float:
 
 
 def evaluations(run: Path, split: str) -> dict[int, dict[str, dict]]:
-    """step -> problem id -> its sample row, for every evaluation of `split` the run wrote."""
+    """step -> problem id -> its sample row, for every evaluation of `split` the run wrote; a `lopd eval --json`
+    file is one evaluation (step 0) of its checkpoint, from its `outcomes` (no completions)."""
+    if run.is_file():
+        splits = json.loads(run.read_text()).get("splits", {})
+        if split not in splits:
+            raise SystemExit(f"{run}: no split '{split}' (it holds {', '.join(splits) or 'none'})")
+        if "outcomes" not in splits[split]:
+            raise SystemExit(f"{run}: split '{split}' has no 'outcomes' (written by a lopd eval older than 1c13718)")
+        return {0: {i: {"id": i, "success": ok, "completion": ""} for i, ok in splits[split]["outcomes"].items()}}
     out = {}
     for path in sorted((run / "samples").glob(f"{split}_step*.jsonl")):
         step = int(re.search(r"step(\d+)", path.name).group(1))
@@ -130,16 +143,24 @@ def gain(runs: list[Path], split: str, resamples: int = 10_000, seed: int = 0) -
     return paired(pairs, resamples, seed)
 
 
+def seed_of(path: Path) -> str:
+    """What pairs a run with its reference: the `seedN` its name ends with (a run directory `seed1`, an
+    evaluation file `lopd_seed1.json`), else the whole name."""
+    found = re.search(r"seed\d+$", path.stem if path.is_file() else path.name)
+    return found.group(0) if found else path.name
+
+
 def versus(runs: list[Path], references: list[Path], split: str, resamples: int = 10_000, seed: int = 0) -> dict:
-    """The runs (seeds of one method) against the reference runs of the same seed (the same directory name,
-    e.g. `seed1`): each reference's last evaluation of `split` vs the run's last (`paired`)."""
-    by_name = {ref.name: ref for ref in references}
+    """The runs (seeds of one method) against the reference runs of the same seed (`seed_of`: the directory
+    `seed1`, or the `lopd eval --json` file `grpo_seed1.json`): each reference's last evaluation of `split` vs
+    the run's last (`paired`)."""
+    by_seed = {seed_of(ref): ref for ref in references}
     pairs = []
     for run in runs:
-        if run.name not in by_name:
-            raise SystemExit(f"{run}: no reference run named '{run.name}' among {sorted(by_name)}")
-        ref, mine = evaluated(by_name[run.name], split), evaluated(run, split)
-        pairs.append((f"{run} vs {by_name[run.name]}", ref[max(ref)], mine[max(mine)]))
+        if seed_of(run) not in by_seed:
+            raise SystemExit(f"{run}: no reference of '{seed_of(run)}' among {sorted(by_seed)}")
+        ref, mine = evaluated(by_seed[seed_of(run)], split), evaluated(run, split)
+        pairs.append((f"{run} vs {by_seed[seed_of(run)]}", ref[max(ref)], mine[max(mine)]))
     return paired(pairs, resamples, seed)
 
 
@@ -156,7 +177,7 @@ def print_paired(g: dict, split: str, what: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="run directories (each with samples/)")
+    ap.add_argument("runs", nargs="+", type=Path, help="run directories (each with samples/), or `lopd eval --json` files")
     ap.add_argument("--split", default="test")
     ap.add_argument("--json", type=Path, help="also write everything here")
     ap.add_argument("--gain", action="store_true", help="the runs are seeds of one method: first vs last evaluation")

@@ -89,6 +89,33 @@ def test_versus_reference_by_seed_by_hand(tmp_path):
     # per task (seed1 diff, seed0 diff): t0 (0, 0), t1 (1, 1), t2 (-1, 1), t3 (0, 0) -> means 0, 1, 0, 0
     half = 12.706 * math.sqrt(0.125) / math.sqrt(2)  # differences 0.0 and 0.5
     assert g["seed_t95"] == pytest.approx([0.25 - half, 0.25 + half])
-    with pytest.raises(SystemExit, match="no reference run named 'seed2'"):
+    with pytest.raises(SystemExit, match="no reference of 'seed2'"):
         write_val(mine / "seed2", 8, [True] * 4)
         eval_outcomes.versus([mine / "seed2"], [ref / "seed0"], "val")
+
+
+def write_eval_json(path, passes, split="test"):
+    """A `lopd eval --json` summary (the fields `EvalResult.summary` writes) whose `split` solved t<i> where passes[i]."""
+    outcomes = {f"t{i}": ok for i, ok in enumerate(passes)}
+    split_summary = {"n": len(passes), "success": sum(passes) / len(passes), "reward": sum(passes) / len(passes),
+                     "modes": {}, "per_category": {}, "per_category_modes": {}, "outcomes": outcomes}
+    path.write_text(json.dumps({"model": "m", "checkpoint": "c", "splits": {split: split_summary}}))
+    return path
+
+
+def test_versus_pairs_eval_json_files_by_the_seed_in_their_names(tmp_path):
+    """The final checkpoints' `lopd eval --json` files pair like run directories: the same figures as
+    test_versus_reference_by_seed_by_hand, matched by `seedN` in the file names."""
+    ref = [write_eval_json(tmp_path / "grpo_seed0.json", [True, False, False, False]),
+           write_eval_json(tmp_path / "grpo_seed1.json", [False, False, True, True])]
+    mine = [write_eval_json(tmp_path / "lopd_seed1.json", [False, True, False, True]),
+            write_eval_json(tmp_path / "lopd_seed0.json", [True, True, True, False])]
+    g = eval_outcomes.versus(mine, ref, "test", resamples=2000)
+    assert [(r["gained"], r["lost"]) for r in g["runs"]] == [(1, 1), (2, 0)]
+    assert g["mean_gain"] == pytest.approx(0.25) and g["tasks"] == 4
+    with pytest.raises(SystemExit, match="no split 'val'"):
+        eval_outcomes.versus(mine, ref, "val")
+    old = tmp_path / "old_seed0.json"
+    old.write_text(json.dumps({"splits": {"test": {"n": 1, "success": 0.0}}}))
+    with pytest.raises(SystemExit, match="has no 'outcomes'"):
+        eval_outcomes.evaluations(old, "test")
